@@ -1,0 +1,1 @@
+"""aiayn runtime: torch-free translation over the exported ONNX graphs."""
