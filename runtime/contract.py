@@ -55,8 +55,10 @@ UNK_ID = 1
 BOS_ID = 2
 EOS_ID = 3
 
-# Opset: >= 17 so LayerNorm is one LayerNormalization node.
-OPSET = 17
+# Opset: DESIGN.md asks >= 17 (one LayerNormalization node); 18 is the lowest that torch's
+# torch.export-based exporter implements natively (17 would need a lossy version conversion).
+MIN_OPSET = 17
+OPSET = 18
 
 # Model package layout.
 MANIFEST_FILE = "manifest.json"

@@ -25,13 +25,14 @@ commands:
 
 Run `aiayn <command> --help` for its options."""
 
-# subcommand -> owning package (its cli.main(argv) receives [subcommand, *options])
+# subcommand -> module whose main(argv) receives [subcommand, *options]
 OWNERS = {
-    "train": "train", "average": "train", "export": "export", "validate": "export",
-    "parity": "export", "demo": "demo",
+    "train": "train.cli", "average": "train.cli", "export": "export.cli",
+    "validate": "export.cli", "parity": "export.parity", "demo": "demo.cli",
     # eval / translate / info: a package runs on the runtime, a checkpoint on torch
     "eval": None, "translate": None, "info": None,
 }
+EXTRAS = {"train": "train", "export": "export", "demo": "demo", "runtime": "cpu"}
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -44,22 +45,18 @@ def _option(argv: list[str], name: str) -> str | None:
 
 
 def owner_for(command: str, argv: list[str]) -> str:
-    """The package that runs ``command`` with options ``argv``."""
+    """The module that runs ``command`` with options ``argv``."""
     owner = OWNERS[command]
     if owner is not None:
         return owner
     if _option(argv, "--backend") == "torch":
-        return "train"
+        return "train.cli"
     model = _option(argv, "--model")
     if command == "info" and model is None:
         model = next((a for a in argv if not a.startswith("-")), None)
     if model is not None and not (Path(model) / MANIFEST_FILE).is_file() and Path(model).exists():
-        return "train"  # a checkpoint or a run: the torch backend
-    try:
-        importlib.import_module("runtime.cli")
-        return "runtime"
-    except ImportError:
-        return "train"
+        return "train.cli"  # a checkpoint or a run: the torch backend
+    return "runtime.cli"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     if command not in OWNERS:
         print(f"aiayn: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
-    package = owner_for(command, rest)
+    module = owner_for(command, rest)
     try:
-        cli = importlib.import_module(f"{package}.cli")
+        cli = importlib.import_module(module)
     except ImportError as e:
-        extra = {"train": "train", "export": "export", "demo": "demo", "runtime": "cpu"}[package]
+        extra = EXTRAS[module.split(".")[0]]
         print(f"aiayn {command}: needs the '{extra}' extra ({e.name} is missing): "
               f"pip install 'aiayn[{extra}]'", file=sys.stderr)
         return 2

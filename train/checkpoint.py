@@ -6,6 +6,7 @@ data: weights come from safetensors and training state through ``torch.load(weig
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -25,17 +26,20 @@ from .config import ConfigError, ModelConfig
 from .model import Transformer
 
 TRAIN_STATE = "train_state.pt"
+META = "meta.json"  # optional provenance: languages, data, step, scores (not needed to load)
 CHECKPOINTS_DIR = "checkpoints"
 STEP_PREFIX = "step_"
 
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, model: Transformer, tokenizer_file: str | os.PathLike,
-                    train_state: dict[str, Any] | None = None, dtype: torch.dtype | None = None) -> Path:
+                    train_state: dict[str, Any] | None = None, dtype: torch.dtype | None = None,
+                    meta: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint folder atomically and return its path.
 
     ``model``'s weights go to safetensors (optionally cast to ``dtype``, e.g. float16 for a
     shipped model), its config to config.json, the tokenizer beside them, ``train_state``
-    (optimizer, schedule, step, RNG) to train_state.pt. Everything is written into
+    (optimizer, schedule, step, RNG) to train_state.pt, ``meta`` (languages, data, scores) to
+    meta.json. Everything is written into
     ``.<name>.tmp`` and renamed into place; an existing folder of that name is replaced only
     after the new one is complete.
     """
@@ -53,6 +57,9 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, model: Transformer, tokenizer_f
     if train_state is not None:
         torch.save(train_state, tmp / TRAIN_STATE)
         names.append(TRAIN_STATE)
+    if meta is not None:
+        (tmp / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        names.append(META)
     (tmp / CHECKPOINT_CHECKSUMS).write_text(checksums_json(tmp, names))
     for name in names + [CHECKPOINT_CHECKSUMS]:
         with open(tmp / name, "rb") as f:
@@ -142,6 +149,17 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
     return model.to(device).eval(), tokenizer, ckpt
 
 
+def load_meta(ckpt: Path) -> dict[str, Any]:
+    """The checkpoint's meta.json (languages, data, scores), or {} if it has none."""
+    path = Path(ckpt) / META
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+
+
 def load_train_state(ckpt: Path, map_location="cpu") -> dict[str, Any]:
     """The training state of a checkpoint (weights_only: no arbitrary unpickling)."""
     path = ckpt / TRAIN_STATE
@@ -177,7 +195,8 @@ def average_checkpoints(paths: list[Path], out_dir: str | os.PathLike) -> Path:
             total[k] = total.get(k, 0) + v.double()
     model = Transformer(cfg)
     model.load_state_dict({k: (v / len(paths)).float() for k, v in total.items()})
-    return save_checkpoint(out_dir, model, paths[-1] / CHECKPOINT_TOKENIZER)
+    meta = {**load_meta(paths[-1]), "averaged": [p.name for p in paths]}
+    return save_checkpoint(out_dir, model, paths[-1] / CHECKPOINT_TOKENIZER, meta=meta)
 
 
 def checkpoint_info(path: str | os.PathLike) -> dict[str, Any]:
@@ -195,6 +214,9 @@ def checkpoint_info(path: str | os.PathLike) -> dict[str, Any]:
         "sha256": checkpoint_sha256(ckpt),
         "checksums": "verified" if verified else "absent",
     }
+    meta = load_meta(ckpt)
+    if meta:
+        info["meta"] = meta
     if (ckpt / TRAIN_STATE).is_file():
         state = load_train_state(ckpt)
         info["step"], info["epoch"] = int(state["step"]), int(state["epoch"])

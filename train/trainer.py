@@ -223,6 +223,7 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0,
                                           betas=cfg.adam_betas, eps=cfg.adam_eps)
         self.step, self.epoch, self.batch_in_epoch = 0, 1, 0
+        self.last_valid: dict[str, Any] = {}
         if resume:
             self._resume()
         self.ddp = self.model
@@ -411,6 +412,7 @@ class Trainer:
                             for k, v in record.items() if k not in ("event", "signature",
                                                                     "chrf_signature")))
         self.record(**record)
+        self.last_valid = record
         self._barrier()
         return record
 
@@ -437,8 +439,13 @@ class Trainer:
             state = {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                      "optimizer": self.optimizer.state_dict(), "rng": _rng_state(),
                      "train_config": json.dumps(self.cfg.to_dict())}
+            meta = {"languages": {"src": self.cfg.src, "tgt": self.cfg.tgt},
+                    "data": str(self.cfg.data), "train_split": self.cfg.train_split,
+                    "step": self.step, "epoch": self.epoch, "preset": self.cfg.preset}
+            if self.last_valid:
+                meta["valid"] = {k: v for k, v in self.last_valid.items() if k != "event"}
             path = save_checkpoint(self.out / CHECKPOINTS_DIR / f"{STEP_PREFIX}{self.step:08d}",
-                                   self.model, self.out / RUN_TOKENIZER, state)
+                                   self.model, self.out / RUN_TOKENIZER, state, meta=meta)
             for old in list_checkpoints(self.out)[:-self.cfg.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         self._barrier()
