@@ -62,6 +62,7 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, model: Transformer, tokenizer_f
         names.append(META)
     (tmp / CHECKPOINT_CHECKSUMS).write_text(checksums_json(tmp, names))
     for name in names + [CHECKPOINT_CHECKSUMS]:
+        os.chmod(tmp / name, 0o644)
         with open(tmp / name, "rb") as f:
             os.fsync(f.fileno())
     old = ckpt_dir.with_name(f".{ckpt_dir.name}.old")
