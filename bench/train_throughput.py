@@ -36,8 +36,9 @@ from train.trainer import label_smoothed_loss, learning_rate  # noqa: E402
 
 
 def training_flops_per_token(model: Transformer, src_len: float, tgt_len: float) -> float:
-    """Approximate training FLOPs per target token: 6 x (matmul parameters used per token)
-    plus attention score/context matmuls (Kaplan et al. 2020 style accounting)."""
+    """Approximate training FLOPs per target token (forward + backward = 3 x forward):
+    6 x matmul parameters used per token, plus the attention score/context matmuls, for
+    sentences of mean length ``src_len`` / ``tgt_len`` (Kaplan et al. 2020 style accounting)."""
     cfg = model.cfg
     d, f = cfg.d_model, cfg.d_ff
     enc_layer = 4 * d * d + 2 * d * f
@@ -88,7 +89,7 @@ def bench_preset(name: str, data: ParallelData, vocab: int, device: torch.device
     batches = make_batches(data, max_tokens, seed=1)
     autocast = device.type == "cuda" and bf16
     tokens = 0
-    src_tok = tgt_tok = 0
+    src_tok = tgt_tok = sentences = 0
     t0 = None
     for i in range(warmup + steps):
         b = collate(data, batches[i % len(batches)]).to(device)
@@ -106,9 +107,10 @@ def bench_preset(name: str, data: ParallelData, vocab: int, device: torch.device
             tokens += b.ntokens
             src_tok += int((b.src != 0).sum())
             tgt_tok += b.ntokens
+            sentences += b.src.shape[0]
     sync(device)
     seconds = time.perf_counter() - t0
-    flops_tok = training_flops_per_token(model, src_tok / steps, tgt_tok / steps)
+    flops_tok = training_flops_per_token(model, src_tok / sentences, tgt_tok / sentences)
     return {"preset": name, "parameters": model.num_parameters(), "max_tokens": max_tokens,
             "steps": steps, "seconds": round(seconds, 3),
             "step_ms": round(1000 * seconds / steps, 1),
