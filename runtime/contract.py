@@ -79,6 +79,29 @@ CHECKPOINT_CHECKSUMS = "checksums.json"
 # Precisions a graph may carry.
 PRECISIONS = ("fp32", "fp16", "int8")
 
+# Package variants (manifest ``variant``); each is a separate package with its own parity record
+# (DESIGN.md "The model package"). Decided here: one variant per package, so ``aiayn export``
+# takes at most one of --optimize / --fp16 / --int8 / --tensorrt.
+#   fp32       torch.export graphs as traced
+#   optimized  ORT offline-optimized fp32 graphs (ORT_ENABLE_ALL by default: may hold CPU-specific
+#              fused contrib ops; the manifest's "optimization" records provider and level)
+#   fp16       float16 weights, caches and cross K/V; LayerNorm, softmax, log-softmax, top-k fp32
+#   int8       onnxruntime dynamic quantization (int8 weights, per-call uint8 activations), CPU
+#   tensorrt   fp32 graphs + decoder_init.onnx + TensorRT engines built on the target GPU
+VARIANTS = ("fp32", "optimized", "fp16", "int8", "tensorrt")
+
+# External data (``aiayn export --external-data``, needed above protobuf's 2 GB limit): a
+# graph's weights live in one file beside it named ``<graph file> + EXTERNAL_DATA_SUFFIX``, at a
+# location relative to the graph, so a package can be moved; listed with sha256 in the manifest.
+EXTERNAL_DATA_SUFFIX = ".data"
+
+# TensorRT variant: one engine per graph (they run only on the GPU model and TensorRT version
+# that built them, recorded in the manifest) and the builder's timing cache.
+ENCODER_ENGINE = "encoder.plan"
+DECODER_ENGINE = "decoder.plan"
+DECODER_INIT_ENGINE = "decoder_init.plan"
+TIMING_CACHE_FILE = "timing.cache"
+
 
 @dataclass(frozen=True)
 class TensorSpec:
