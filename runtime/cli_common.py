@@ -22,6 +22,13 @@ def default_model() -> Path:
     return Path(env) if env else BUNDLED_MODEL
 
 
+def cache_root() -> Path:
+    """``${XDG_CACHE_HOME:-~/.cache}/aiayn``: where the bundled model's package is exported on
+    first use (``packages/<sha12>/``) and TensorRT engine caches live (``trt/``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "aiayn"
+
+
 def add_model_args(p: argparse.ArgumentParser, backend: bool = True) -> None:
     p.add_argument("--model", type=Path, default=None,
                    help="a checkpoint, a training run or a model package "
@@ -41,7 +48,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--alpha", type=float, default=0.6,
                    help="length penalty alpha (default 0.6, the paper's)")
     g.add_argument("--lp-type", choices=("gnmt", "power"), default="gnmt",
-                   help="gnmt: ((5+len)/6)^alpha (default); power: len^alpha (fairseq, CTranslate2)")
+                   help="gnmt: ((5+len)/6)^alpha (default); power: len^alpha "
+                        "(fairseq, CTranslate2)")
     g.add_argument("--max-len-a", type=float, default=1.0,
                    help="output at most a*source_len + b tokens (default a=1)")
     g.add_argument("--max-len-b", type=int, default=50, help="(default b=50)")

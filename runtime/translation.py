@@ -126,16 +126,18 @@ def make_translation(tokenizer: Tokenizer, src_ids: list[int], hyps: list[Hypoth
 def translate_batched(tokenizer: Tokenizer, texts: Sequence[str], max_positions: int,
                       search: Callable[[list[list[int]]], list[list[Hypothesis]]],
                       max_tokens: int = 4096, on_long: str = "truncate",
-                      progress: Callable[[int], None] | None = None) -> list[Translation]:
+                      progress: Callable[[int], None] | None = None,
+                      max_sentences: int | None = None) -> list[Translation]:
     """Tokenize ``texts``, run ``search`` over token-count batches of length-sorted sources,
     and return Translations in input order. ``progress(n)`` is called after each batch with
-    the number of sentences it held."""
+    the number of sentences it held; ``max_sentences`` caps a batch's sentences (for
+    backends whose engines have a largest batch)."""
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not a single string")
     prepared = [prepare_source(tokenizer, t, max_positions, on_long) for t in texts]
     sources = [ids for ids, _ in prepared]
     hyps: list[list[Hypothesis] | None] = [None] * len(texts)
-    for batch in inference_batches([len(s) for s in sources], max_tokens):
+    for batch in inference_batches([len(s) for s in sources], max_tokens, max_sentences):
         for i, h in zip(batch, search([sources[i] for i in batch])):
             hyps[i] = h
         if progress is not None:
