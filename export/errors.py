@@ -22,3 +22,22 @@ class ParityError(PackageError):
                  limit: float = float("nan")):
         super().__init__(message)
         self.output, self.case, self.value, self.limit = output, case, value, limit
+
+
+# module -> the extra that provides it (pyproject.toml)
+_EXTRAS = {"torch": "train", "safetensors": "train", "onnx": "export", "onnxscript": "export",
+           "onnxruntime": "cpu"}
+
+
+def require_modules(*modules: str) -> None:
+    """Raise ExportError naming the extra to install if any of ``modules`` cannot be imported
+    (torch for tracing and the reference, onnx/onnxscript for export, onnxruntime for
+    validation and the variants)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        extras = sorted({_EXTRAS.get(m, "export") for m in missing})
+        raise ExportError(f"{', '.join(missing)} not installed: pip install "
+                          f"'aiayn[{','.join(extras)}]' (onnxruntime-gpu, from the gpu extra, "
+                          "also provides onnxruntime)")

@@ -24,7 +24,7 @@ from runtime import contract as C
 from runtime.checksums import sha256_file
 from runtime.package import Package, is_package, write_manifest
 
-from .errors import ExportError
+from .errors import ExportError, require_modules
 
 Progress = Callable[[str], None]
 
@@ -194,6 +194,7 @@ def export_package(checkpoint: str | os.PathLike, out: str | os.PathLike, force:
     missing or damaged checkpoint; PackageError / ParityError (nothing is written) if the
     graphs fail validation.
     """
+    require_modules("torch", "onnx", "onnxscript", "onnxruntime")
     import onnx
 
     from .validate import DEFAULT_SEED, validate_graphs, write_parity
@@ -314,4 +315,9 @@ def _trace(model, directory: Path, names: list[str], opset: int, external_data: 
             file = _GRAPH_SPECS[name][0]
             say(f"tracing {file} (torch.export, opset {opset})")
             paths[name] = exporters[name](model, directory / file, opset, external_data)
+            got = graph_opset(paths[name])
+            if got != opset:
+                raise ExportError(f"torch's exporter produced opset {got} for {file}, not the "
+                                  f"requested {opset} (its conversion to {opset} failed); use "
+                                  f"--opset {max(got, C.OPSET)} (the default is {C.OPSET})")
     return paths

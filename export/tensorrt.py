@@ -122,19 +122,54 @@ def gpu_name() -> str:
     return "unknown"
 
 
+def fold_topk(onnx_path: Path, k: int) -> Path:
+    """A copy of ``onnx_path`` (beside it, sharing its external data) whose ``topk`` input is
+    the constant ``k``: for TensorRT parsers that accept only a constant TopK K."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    inputs = [i for i in model.graph.input if i.name != "topk"]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    model.graph.initializer.append(helper.make_tensor("topk", onnx.TensorProto.INT64, [], [k]))
+    out = onnx_path.with_name(f".{onnx_path.stem}.topk{k}.onnx")
+    onnx.save(model, str(out))
+    return out
+
+
+def _parse(trt, builder, onnx_path: Path, logger):
+    network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
+    parser = trt.OnnxParser(network, logger)
+    if parser.parse_from_file(str(onnx_path)):  # resolves external data beside the file
+        return network, None
+    return None, "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+
+
 def build_engine(trt, onnx_path: Path, engine_path: Path, specs: tuple[C.TensorSpec, ...], cfg,
                  ranges, timing_cache, logger) -> dict[str, Any]:
     """Parse one ONNX graph and build its fp16 engine into ``engine_path``.
 
-    Raises ExportError with the parser's or builder's errors.
+    If the parser refuses a TopK whose K is the ``topk`` input (TensorRT supports only a
+    constant K in some versions), the graph is rebuilt with ``topk`` fixed to the profile's
+    ``opt`` value (the runtime's 2K + 2 at K = 4 by default); the entry then records
+    ``topk_fixed`` and the engine has no ``topk`` input. Raises ExportError with the parser's
+    or builder's errors.
     """
     builder = trt.Builder(logger)
     if builder is None:
         raise ExportError("TensorRT could not create a builder: no usable CUDA GPU here?")
-    network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):  # resolves external data beside the file
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+    network, errors = _parse(trt, builder, onnx_path, logger)
+    topk_fixed = None
+    if network is None and "topk" in C.names(specs) and "TopK" in (errors or ""):
+        topk_fixed = ranges["topk"][1]
+        folded = fold_topk(onnx_path, topk_fixed)
+        try:
+            network, errors = _parse(trt, builder, folded, logger)
+        finally:
+            folded.unlink()
+        specs = tuple(s for s in specs if s.name != "topk")
+    if network is None:
         raise ExportError(f"TensorRT's ONNX parser rejected {onnx_path.name}: {errors}")
 
     config = builder.create_builder_config()
@@ -180,10 +215,13 @@ def build_engine(trt, onnx_path: Path, engine_path: Path, specs: tuple[C.TensorS
         raise ExportError(f"TensorRT failed to build an engine for {onnx_path.name} (see the "
                           "TensorRT log above)")
     engine_path.write_bytes(bytes(serialized))
-    return {"file": engine_path.name, "sha256": sha256_file(engine_path), "precision": "fp16",
-            "fp32_layers": pinned, "fp16_io": [n for n in FP16_IO if any(
-                s.name == n for s in specs)],
-            "profiles": [{"shapes": shapes, "shape_inputs": shape_inputs}]}
+    entry = {"file": engine_path.name, "sha256": sha256_file(engine_path), "precision": "fp16",
+             "fp32_layers": pinned,
+             "fp16_io": [n for n in FP16_IO if any(s.name == n for s in specs)],
+             "profiles": [{"shapes": shapes, "shape_inputs": shape_inputs}]}
+    if topk_fixed is not None:
+        entry["topk_fixed"] = topk_fixed
+    return entry
 
 
 def build_engines(trt, package_dir: Path, manifest: dict[str, Any], model,
@@ -254,7 +292,7 @@ class EngineRunner:
         trt, torch, eng, ctx = self.trt, self.torch, self.engine, self.context
         keep = []
         inputs = [n for n in self.names if eng.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        for n in inputs:
+        for n in inputs:  # an engine built with topk_fixed has no topk input
             x = feed[n]
             x = torch.as_tensor(np.asarray(x)) if not hasattr(x, "detach") else x.detach()
             x = x.to(self.dtypes[eng.get_tensor_dtype(n)]).contiguous()
@@ -302,8 +340,9 @@ def check_engines(trt, package_dir: Path, engines: dict[str, Any], model, seed: 
             "`aiayn parity --backend tensorrt` on this GPU)")
         return None
     runners = {name: EngineRunner(trt, package_dir / e["file"]) for name, e in engines.items()}
+    fixed = {e["topk_fixed"] for e in engines.values() if "topk_fixed" in e}
     report = validate_runners(model, runners, "fp16", "tensorrt", seed=seed, min_past=1,
-                              progress=say)
+                              fixed_topk=fixed.pop() if fixed else None, progress=say)
     for line in report.lines():
         say(f"tensorrt {line}")
     report.raise_if_failed()

@@ -86,7 +86,7 @@ def traced(model, out_root) -> dict[str, Path]:
             "decoder_init": export_decoder_init(model, d / C.DECODER_INIT_FILE)}
 
 
-def export_reusing_trace(ckpt, out: Path, variant: str, traced: dict[str, Path]):
+def export_reusing_trace(ckpt, out: Path, variant: str, traced: dict[str, Path], **options):
     """export_package with its torch.export step replaced by a copy of the module's fp32
     traces (byte-for-byte what it would trace: the fp32 trace is tested in test_export.py).
     Everything variant-specific (optimizer, quantizer, manifest, validation) runs for real."""
@@ -101,7 +101,7 @@ def export_reusing_trace(ckpt, out: Path, variant: str, traced: dict[str, Path])
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(export.package, "_trace", trace)
-        return export_package(ckpt, out, variant=variant)
+        return export_package(ckpt, out, variant=variant, **options)
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +255,21 @@ def test_variants_are_separate_packages(optimized, fp16, int8):
         assert p.manifest["parity"]["variant"] == p.variant
 
 
+def test_variant_with_external_data_survives_a_move(ckpt, traced, tmp_path, monkeypatch):
+    """--optimize --external-data: the optimizer writes the weights beside the graph with a
+    relative location; the moved package validates from another working directory."""
+    import shutil
+
+    pkg = export_reusing_trace(ckpt, tmp_path / "a" / "opt", "optimized", traced,
+                               external_data=True)
+    for entry in pkg.manifest["graphs"].values():
+        assert entry["external_data"][0]["file"] == entry["file"] + C.EXTERNAL_DATA_SUFFIX
+    moved = tmp_path / "b"
+    shutil.move(str(pkg.path), moved)
+    monkeypatch.chdir(tmp_path)
+    assert validate_package("b", write=False).passed
+
+
 def test_one_variant_per_export(ckpt, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["export", str(ckpt), "--out", str(tmp_path / "p"), "--fp16", "--int8"])
@@ -277,6 +292,26 @@ def test_decoder_init_graph_matches_pytorch(model, traced):
     assert outs["decoder_init.present_k"]["cases"] == 9
     assert any("(decoder_init)" in c["case"]
                for c in report.measurements["sequence.log_probs"].cases)
+
+
+def test_topk_can_be_folded_for_tensorrt(traced, model):
+    """The TensorRT fallback for parsers that want a constant TopK K: the folded graph has no
+    topk input and computes what the original does with that topk."""
+    from export.graphs import dummy_decoder_inputs
+    from export.tensorrt import fold_topk
+
+    folded = fold_topk(traced["decoder"], 7)
+    try:
+        s = open_session(folded)
+        assert "topk" not in [i.name for i in s.get_inputs()]
+        inp = dummy_decoder_inputs(model, 3, 2, 4, 9, topk=7, seed=1)
+        a = run(s, inp)
+        b = run(open_session(traced["decoder"]), inp)
+    finally:
+        folded.unlink()
+    assert a["topk_ids"].shape == (3, 7)
+    np.testing.assert_array_equal(a["topk_ids"], b["topk_ids"])
+    np.testing.assert_allclose(a["log_probs"], b["log_probs"], atol=1e-6)
 
 
 def test_engine_profiles_start_at_p1(model):
