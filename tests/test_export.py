@@ -252,7 +252,7 @@ def test_batching_does_not_change_a_row(model, sessions):
             assert np.all(x["cross_attn"][row, n:] == 0)  # padding gets no attention
 
 
-def test_perturbed_weight_is_caught(pkg, tmp_path):
+def test_perturbed_weight_is_caught(pkg, tmp_path, capsys):
     """A graph that no longer computes what PyTorch computes fails validation, which names the
     output and the shape (the manifest's hashes are made consistent, so only parity can tell)."""
     from onnx import numpy_helper
@@ -268,6 +268,13 @@ def test_perturbed_weight_is_caught(pkg, tmp_path):
     assert e.value.output == "decoder.log_probs"
     assert "decoder.log_probs" in str(e.value) and "N=" in e.value.case
     assert e.value.value > 1e-4
+    capsys.readouterr()
+    assert cli_main(["validate", str(path), "--no-write"]) == 2  # the command fails
+    out, err = capsys.readouterr()
+    assert "decoder.log_probs max|Δ|" in out and "FAILED" in out
+    assert "encoder.cross_k" in out and "FAILED" not in out.splitlines()[0]  # encoder untouched
+    assert err.strip().splitlines()[-1].startswith("aiayn validate: error: parity check failed")
+    assert "Traceback" not in err
 
 
 def test_validate_writes_the_parity_record(pkg, tmp_path, capsys):
