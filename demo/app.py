@@ -50,13 +50,16 @@ EXAMPLES = [
 ]
 
 NBEST_HEADERS = ["#", "rank", "translation", "score (normalized)", "log-prob", "tokens"]
-COMPARE_HEADERS = ["#", "identical", "first diff at", "PyTorch token", "ONNX token",
-                   "near tie", "PyTorch", "ONNX"]
-DEFAULT_CONCURRENCY = 2
+COMPARE_HEADERS = ["#", "sentence", "identical", "first diff at", "PyTorch token",
+                   "ONNX token", "near tie"]
+DEFAULT_CONCURRENCY = 2  # model requests at once (one group for translate and compare)
+MODEL_QUEUE = "model"
 
 CSS = """
-#notice:has(p), #verdict:has(strong) { border-left: 4px solid #f59e0b; padding: 0.25em 0.75em;
-                                       background: rgba(245, 158, 11, 0.08); }
+#notice:has(p) { border-left: 4px solid #f59e0b; padding: 0.25em 0.75em;
+                 background: rgba(245, 158, 11, 0.08); }
+#verdict:has(p) { border-left: 4px solid #3b82f6; padding: 0.25em 0.75em;
+                  background: rgba(59, 130, 246, 0.06); }
 #stats { color: var(--body-text-color-subdued); font-size: 0.9em; }
 #translation textarea { font-size: 1.1em; }
 """
@@ -208,8 +211,10 @@ def build_app(backends: Backends, default_backend: str | None = None,
                             rt_tokens = gr.HighlightedText(
                                 label="ONNX subwords", color_map={"diverges": "red",
                                                                   "after": "orange"})
-                        cmp_table = gr.Dataframe(headers=COMPARE_HEADERS, interactive=False,
-                                                 wrap=True, label="Per sentence")
+                        cmp_table = gr.Dataframe(
+                            headers=COMPARE_HEADERS, interactive=False, wrap=True,
+                            label="Per sentence (positions count target subwords from 0)",
+                            column_widths=["5%", "41%", "12%", "10%", "11%", "11%", "10%"])
             with gr.Column(scale=1, min_width=260):
                 gr.Markdown("### Search settings")
                 backend = gr.Dropdown(choices=offered, value=default_backend, label="Backend",
@@ -229,9 +234,12 @@ def build_app(backends: Backends, default_backend: str | None = None,
 
         settings = [beam, alpha, lp_type, max_len_b, nbest]
         outputs = [out, notice, stats, nbest_table, align_pick, align_plot, alignments]
-        go.click(on_translate, [src, backend, *settings], outputs, api_name="translate")
-        src.submit(on_translate, [src, backend, *settings], outputs,
-                   api_visibility="private")
+        # Every event that runs a model shares one concurrency group: at most
+        # `launch(concurrency=...)` of them run at once, whichever button started them.
+        heavy = dict(concurrency_id=MODEL_QUEUE, concurrency_limit="default")
+        go.click(on_translate, [src, backend, *settings], outputs, api_name="translate", **heavy)
+        src.submit(on_translate, [src, backend, *settings], outputs, api_visibility="private",
+                   **heavy)
         clear.click(lambda: ("", "", "", "", [], gr.update(choices=[], visible=False), None,
                              None), None, [src, out, notice, stats, nbest_table, align_pick,
                                            align_plot, alignments],
@@ -242,9 +250,9 @@ def build_app(backends: Backends, default_backend: str | None = None,
                           api_visibility="private")
         cmp_outputs = [ref_out, rt_out, verdict, ref_tokens, rt_tokens, cmp_table]
         cmp_go.click(on_compare, [cmp_src, cmp_backend, *settings], cmp_outputs,
-                     api_name="compare")
+                     api_name="compare", **heavy)
         cmp_src.submit(on_compare, [cmp_src, cmp_backend, *settings], cmp_outputs,
-                       api_visibility="private")
+                       api_visibility="private", **heavy)
     return app
 
 
@@ -273,7 +281,8 @@ def launch(app: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, share: boo
            concurrency: int = DEFAULT_CONCURRENCY, queue_size: int = 64,
            prevent_thread_lock: bool = False, quiet: bool = False) -> gr.Blocks:
     """Serve ``app`` on ``host:port`` through Gradio's queue: at most ``concurrency``
-    requests run at once, up to ``queue_size`` wait (more are turned away with a message).
+    translate/compare requests run at once (one group, MODEL_QUEUE), up to ``queue_size``
+    wait (more are turned away with a message).
     A public share link only with ``share=True``. Raises OSError if the port is taken."""
     app.queue(default_concurrency_limit=concurrency, max_size=queue_size)
     app.launch(server_name=host, server_port=port, share=share, show_error=False,

@@ -11,6 +11,7 @@ says otherwise; a public share link only with ``--share``.
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from runtime.cli_common import BACKENDS, add_model_args, run_cli
@@ -38,6 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_port(host: str, port: int) -> None:
+    """Raise AiaynError if ``host:port`` cannot be bound (taken, or not an address here)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise AiaynError(f"cannot serve on {host}:{port}: {e.strerror or e}; choose another "
+                             f"--port") from None
+
+
 def serve(args: argparse.Namespace) -> int:
     """Load the backends, build the page and serve it until interrupted."""
     try:
@@ -53,6 +66,7 @@ def serve(args: argparse.Namespace) -> int:
         raise AiaynError("--concurrency must be at least 1")
     if not 0 < args.port < 65536:
         raise AiaynError(f"--port must be in 1-65535, got {args.port}")
+    _check_port(args.host, args.port)  # before minutes of loading, not after
     backends = Backends(args.model, threads=args.threads)
     default = backends.probe(args.backend)
     print(f"aiayn demo: offering {', '.join(backends.available)} (default {default})",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,96 +44,52 @@ def is_package(model: Path | None) -> bool:
     return model is not None and (Path(model) / MANIFEST_FILE).is_file()
 
 
-def candidate_backends(model: Path | None) -> tuple[list[str], dict[str, str]]:
-    """Backends worth trying to load for ``model``, and why the others are not.
-
-    Cheap checks only (is the library importable, does ONNX Runtime list the provider); the
-    answer is settled by actually loading (``Backends.probe``). Returns (candidates in
-    PREFERENCE order, {backend: reason it is not a candidate}).
-    """
-    skipped: dict[str, str] = {}
-    found: set[str] = set()
-    if is_package(model):
-        skipped["torch"] = "needs a checkpoint (--model is an ONNX package)"
-    elif importlib.util.find_spec("torch") is None:
-        skipped["torch"] = "torch is not installed (pip install 'aiayn[train]')"
-    else:
-        found.add("torch")
-    if importlib.util.find_spec("onnxruntime") is None:
-        for b in ("ort-cpu", "ort-cuda", "ort-tensorrt"):
-            skipped[b] = "onnxruntime is not installed (pip install 'aiayn[cpu]')"
-    else:
-        try:
-            import onnxruntime as ort
-
-            providers = set(ort.get_available_providers())
-        except Exception as e:  # a broken install: say so, offer nothing from it
-            providers = set()
-            log.warning("onnxruntime is installed but does not load: %s", e)
-        for b, provider in (("ort-cpu", "CPUExecutionProvider"),
-                            ("ort-cuda", "CUDAExecutionProvider"),
-                            ("ort-tensorrt", "TensorrtExecutionProvider")):
-            if provider in providers:
-                found.add(b)
-            else:
-                skipped[b] = f"ONNX Runtime here has no {provider}"
-    if importlib.util.find_spec("tensorrt") is None:
-        skipped["tensorrt"] = "tensorrt is not installed (pip install 'aiayn[gpu]')"
-    else:
-        found.add("tensorrt")
-    return [b for b in PREFERENCE if b in found], skipped
-
-
 def load_backend(model: Path | None, backend: str, threads: int | None = None):
-    """Load one translator: ``torch`` runs a checkpoint on the PyTorch reference search; the
-    other backends run the ONNX runtime (``runtime.translator``), which builds the bundled
-    model's package on first use. ``model`` None means the default model.
+    """One translator through the runtime's ``load_translator``: ``torch`` runs a checkpoint
+    on the PyTorch reference search (``train.translator.TorchTranslator``), the other
+    backends a package on the ONNX runtime (``runtime.translator.Translator``). ``model``
+    None means the default model. Both translators are safe for concurrent callers.
 
     Raises BackendError (or another AiaynError) when the backend cannot run here.
     """
-    if backend == "torch":
-        if is_package(model):
-            raise BackendError("the torch backend needs a checkpoint, not an ONNX package")
-        from train.translator import TorchTranslator
+    from runtime.translator import load_translator
 
-        return TorchTranslator.load(model or default_model(), threads=threads)
-    try:
-        from runtime.translator import load_translator
-    except ImportError as e:
-        raise BackendError(f"the ONNX runtime is not available here ({e})") from None
     return load_translator(model, backend, threads)
 
 
 @dataclass
 class BackendStatus:
-    """How loading one backend went: ``ok``, the load time in seconds, or the reason it
-    is not offered."""
+    """How loading one backend went: ``ok``, the load time in seconds, facts about it
+    (``Translator.describe()``), or the reason it is not offered."""
 
     name: str
     ok: bool
     seconds: float = 0.0
     reason: str = ""
+    facts: dict = field(default_factory=dict)
 
 
 class Backends:
     """The translators this demo offers, each loaded once and shared by every request.
 
-    ``probe()`` loads every candidate backend (deciding what is offered by actually loading
-    it); ``get(name)`` returns the loaded translator. ``translate(name, ...)`` runs one
-    request at a time per backend (a lock per backend), so concurrent users of one backend
-    queue behind each other while different backends run side by side. Thread-safe.
-
-    ``loader(model, backend, threads)`` is ``load_backend`` unless a caller passes its own.
+    ``probe()`` decides what is offered by actually loading each candidate backend: the
+    PyTorch reference when ``model`` is a checkpoint and torch is installed, and the ONNX
+    backends the runtime would try for the model's package (``runtime.backends.auto_order``:
+    ``ort-cpu`` everywhere, ``ort-cuda`` and TensorRT where they run). For a checkpoint
+    (the bundled model by default) the package is exported into the cache on first use,
+    with a progress message. ``get(name)`` returns a loaded translator; ``translate(name,
+    ...)`` runs and times a request. The translators are thread-safe (ONNX Runtime sessions
+    run concurrently; the torch search holds its model's lock), so concurrent requests need
+    no lock here; loading is serialized.
     """
 
-    def __init__(self, model: Path | None = None, threads: int | None = None,
-                 loader: Callable = load_backend, say: Callable[[str], None] = print):
+    def __init__(self, model: str | os.PathLike | None = None, threads: int | None = None,
+                 say: Callable[[str], None] = print):
         self.model = Path(model) if model is not None else None
         self.threads = threads
-        self._loader = loader
+        self.package: Path | None = None
         self._say = say
         self._translators: dict[str, object] = {}
-        self._locks: dict[str, threading.Lock] = {}
         self._load_lock = threading.Lock()
         self.status: dict[str, BackendStatus] = {}
 
@@ -146,19 +103,44 @@ class Backends:
         """Loaded ONNX backends (everything but torch)."""
         return [b for b in self.available if b in RUNTIME_BACKENDS]
 
+    def _resolve_package(self) -> Path:
+        """The model's package folder; for a checkpoint, exported into the cache on first
+        use (saying so, as this takes a while). Raises AiaynError if it cannot be made."""
+        from runtime.translator import package_cache_dir, resolve_package
+
+        model = self.model or default_model()
+        if not is_package(model) and model.exists():
+            try:
+                target = package_cache_dir(model)
+            except AiaynError:
+                target = None
+            if target is not None and not is_package(target):
+                self._say(f"aiayn demo: building the ONNX package of {model} into {target} "
+                          f"(first use only; about a minute) ...")
+                t0 = time.perf_counter()
+                path = resolve_package(model)
+                self._say(f"aiayn demo: package built in {time.perf_counter() - t0:.0f} s")
+                return path
+        return resolve_package(model)
+
     def load(self, name: str):
         """Load backend ``name`` once (later calls return the same translator). Raises
         AiaynError when it cannot run here."""
         with self._load_lock:
             if name in self._translators:
                 return self._translators[name]
-            self._say(f"aiayn demo: loading backend {name}"
-                      + (" (the first time, this builds the model's ONNX package; it can "
-                         "take a minute)" if name in RUNTIME_BACKENDS and not is_package(self.model)
-                         else "") + " ...")
+            self._say(f"aiayn demo: loading backend {name} ...")
             t0 = time.perf_counter()
             try:
-                translator = self._loader(self.model, name, self.threads)
+                if name == "torch":
+                    if is_package(self.model):
+                        raise BackendError("the torch backend runs a checkpoint, and --model "
+                                           "is an ONNX package")
+                    translator = load_backend(self.model, "torch", self.threads)
+                else:
+                    if self.package is None:
+                        self.package = self._resolve_package()
+                    translator = load_backend(self.package, name, self.threads)
             except AiaynError as e:
                 self.status[name] = BackendStatus(name, False, time.perf_counter() - t0, str(e))
                 raise
@@ -168,31 +150,70 @@ class Backends:
                                                   f"{type(e).__name__}: {e}")
                 raise BackendError(f"backend {name} does not load here: "
                                    f"{type(e).__name__}: {e}") from None
-            actual = getattr(translator, "backend", name)
-            if actual != name:  # e.g. a CUDA provider that silently fell back to the CPU
-                reason = f"loads as {actual}, not {name}"
-                self.status[name] = BackendStatus(name, False, time.perf_counter() - t0, reason)
-                raise BackendError(f"backend {name} {reason}")
+            translator.translate(["A dog runs."], beam_size=2)  # warm up: no slow 1st request
             seconds = time.perf_counter() - t0
+            describe = getattr(translator, "describe", None)
+            facts = describe() if callable(describe) else {"backend": name}
+            if getattr(translator, "device", None) is not None:
+                facts.setdefault("device", translator.device)
             self._translators[name] = translator
-            self._locks[name] = threading.Lock()
-            self.status[name] = BackendStatus(name, True, seconds)
+            self.status[name] = BackendStatus(name, True, seconds, facts=facts)
             self._say(f"aiayn demo: backend {name} ready ({seconds:.1f} s)")
             return translator
+
+    def candidates(self) -> tuple[list[str], dict[str, str]]:
+        """(backends to try, in PREFERENCE order; {backend: why it is not tried}). Cheap
+        checks only (is the library there; which backends the runtime would try for the
+        package); loading settles the rest."""
+        skipped: dict[str, str] = {}
+        tried: set[str] = set()
+        if is_package(self.model):
+            skipped["torch"] = "runs a checkpoint, and --model is an ONNX package"
+        elif importlib.util.find_spec("torch") is None:
+            skipped["torch"] = "torch is not installed (pip install 'aiayn[train]')"
+        else:
+            tried.add("torch")
+        if importlib.util.find_spec("onnxruntime") is None:
+            for b in RUNTIME_BACKENDS:
+                skipped[b] = "onnxruntime is not installed (pip install 'aiayn[cpu]')"
+        else:
+            try:
+                if self.package is None:
+                    self.package = self._resolve_package()
+                from runtime.backends import auto_order
+                from runtime.package import Package
+
+                order = auto_order(Package.load(self.package, verify_hashes=False))
+                tried.update(order)
+                why = {"tensorrt": "the package has no prebuilt TensorRT engines",
+                       "ort-tensorrt": "the package is not a TensorRT variant (its first run "
+                                       "would spend minutes building engines)",
+                       "ort-cuda": "int8 packages run on the CPU"}
+                for b in RUNTIME_BACKENDS:
+                    if b not in order:
+                        skipped[b] = f"not tried: {why.get(b, 'not for this package')}"
+            except (AiaynError, ImportError) as e:
+                for b in RUNTIME_BACKENDS:
+                    skipped[b] = str(e)
+        return [b for b in PREFERENCE if b in tried], skipped
 
     def probe(self, first: str = "auto") -> str:
         """Load every candidate backend; return the default backend for the page.
 
-        ``first`` "auto" makes the default the first loaded backend in PREFERENCE order;
-        another name is loaded first and must load (its error is raised otherwise). Backends
-        that fail are left out, with the reason kept in ``status``. Raises BackendError if
-        nothing loads.
+        ``first`` "auto" makes the default the first loaded backend in PREFERENCE order (the
+        fastest ONNX backend, else torch); another name is loaded first and must load (its
+        error is raised otherwise). Backends that fail are left out, with the reason kept in
+        ``status``. Raises BackendError if nothing loads.
         """
-        candidates, skipped = candidate_backends(self.model)
-        for name, reason in skipped.items():
-            self.status.setdefault(name, BackendStatus(name, False, reason=reason))
+        if self.model is not None and not self.model.exists():
+            raise BackendError(f"model {self.model} not found (a checkpoint folder, a training "
+                               f"run or an ONNX package)")
         if first != "auto":
             self.load(first)  # the backend asked for: its failure is the user's error
+        candidates, skipped = self.candidates()
+        for name, reason in skipped.items():
+            if name not in self._translators:
+                self.status.setdefault(name, BackendStatus(name, False, reason=reason))
         for name in candidates:
             if name in self._translators:
                 continue
@@ -214,23 +235,27 @@ class Backends:
 
     def translate(self, name: str, texts: Sequence[str], **kwargs
                   ) -> tuple[list[Translation], float]:
-        """``get(name).translate(texts, **kwargs)`` under the backend's lock; returns the
-        translations and the seconds the translation itself took (queue wait excluded)."""
+        """``get(name).translate(texts, **kwargs)``; returns the translations and the wall
+        time of the call in seconds (Gradio's queue wait is not included)."""
         translator = self.get(name)
-        with self._locks[name]:
-            t0 = time.perf_counter()
-            out = translator.translate(list(texts), **kwargs)
-            return out, time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = translator.translate(list(texts), **kwargs)
+        return out, time.perf_counter() - t0
 
     def describe(self) -> str:
-        """One Markdown line per backend: offered (with load time) or why not."""
+        """Markdown, one line per backend: offered (load time, device) or why not."""
         lines = []
+        if self.package is not None:
+            lines.append(f"ONNX package: `{self.package}`")
         for name in PREFERENCE:
             s = self.status.get(name)
             if s is None:
                 continue
             if s.ok:
-                lines.append(f"- **{name}**: ready (loaded in {s.seconds:.1f} s)")
+                extra = ", ".join(f"{k} {v}" for k, v in s.facts.items()
+                                  if k in ("device", "variant", "threads") and v is not None)
+                lines.append(f"- **{name}**: ready (loaded in {s.seconds:.1f} s"
+                             + (f"; {extra}" if extra else "") + ")")
             else:
                 lines.append(f"- {name}: not offered: {s.reason}")
         return "\n".join(lines)
@@ -510,10 +535,10 @@ class CompareResult:
         same = sum(c.identical for c in self.comparisons)
         tokens = sum(len(c.reference.tokens) + 1 for c in self.comparisons)
         if same == n:
-            head = (f"✅ **Token-identical**: PyTorch and {self.runtime_backend} produced the "
+            head = (f"**Token-identical**: PyTorch and {self.runtime_backend} produced the "
                     f"same {tokens} target tokens over {n} sentence{'s' * (n != 1)}.")
         else:
-            head = (f"⚠️ **Not token-identical**: {same} of {n} sentences match.")
+            head = f"**Not token-identical**: {same} of {n} sentences match."
         lines = [head]
         for i, c in enumerate(self.comparisons):
             if c.identical:
@@ -533,12 +558,11 @@ class CompareResult:
         return "\n".join(lines) + speed + notice
 
     def table(self) -> list[list]:
-        """[sentence #, identical, first diff position, PyTorch token, runtime token,
-        near tie, PyTorch output, runtime output] per sentence."""
-        return [[i + 1, "yes" if c.identical else "no",
+        """[sentence #, source, identical, first diff position, PyTorch token, runtime
+        token, near tie] per sentence."""
+        return [[i + 1, c.source, "yes" if c.identical else "no",
                  "" if c.identical else c.diverge_at, c.reference_token, c.runtime_token,
-                 "" if c.identical else ("yes" if c.near_tie else "no"),
-                 c.reference.text, c.runtime.text]
+                 "" if c.identical else ("yes" if c.near_tie else "no")]
                 for i, c in enumerate(self.comparisons)]
 
 

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("gradio", reason="the demo needs the 'demo' extra")
 gradio_client = pytest.importorskip("gradio_client", reason="needs gradio_client ('dev' extra)")
 
-from demo.app import EXAMPLES, launch  # noqa: E402
+from demo.app import EXAMPLES, MODEL_QUEUE, launch  # noqa: E402
 from demo.cli import build_parser  # noqa: E402
 from demo.engine import (  # noqa: E402
     EMPTY_MESSAGE,
@@ -37,8 +37,10 @@ from demo.plots import attention_figure  # noqa: E402
 from demo.screenshot import DemoServer, free_port  # noqa: E402
 from runtime.translation import NBest, Translation  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:input of .* tokens truncated:UserWarning")  # the over-long tests mean it
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:input of .* tokens truncated:UserWarning"),  # meant
+    pytest.mark.filterwarnings("ignore:.*(no_silent_downcasting|copy keyword):Warning"),  # gradio
+]
 
 # Ten different captions, written for these tests.
 SENTENCES = [
@@ -99,6 +101,25 @@ def test_compare_sentence_reports_position_tokens_and_near_tie():
     d = compare_sentence("s", a, _tr([10, 11], ["▁Ein", "▁Hund"], [-0.1, -0.5, -2.0]))
     assert (d.diverge_at, d.reference_token, d.runtime_token) == (2, ".", "</s>")
     assert not d.near_tie and d.gap == pytest.approx(1.8)
+
+
+def test_compare_views_mark_the_divergence():
+    from demo.app import _token_views
+    from demo.engine import CompareResult
+
+    a = _tr([10, 11, 12], ["▁Ein", "▁Hund", "."], [-0.1, -0.5, -0.2, -0.1])
+    b = _tr([10, 13, 12], ["▁Ein", "▁Köter", "."], [-0.1, -0.9, -0.3, -0.1])
+    r = CompareResult(runtime_backend="ort-cpu",
+                      comparisons=[compare_sentence("s1", a, a), compare_sentence("s2", a, b)])
+    assert not r.identical
+    assert "1 of 2 sentences match" in r.verdict()
+    assert "Sentence 2 diverges at target position 1: PyTorch `▁Hund` vs ort-cpu `▁Köter`" \
+        in r.verdict()
+    assert r.table() == [[1, "s1", "yes", "", "", "", ""],
+                         [2, "s2", "no", 1, "▁Hund", "▁Köter", "no"]]
+    ref, rt = _token_views(r)
+    assert [label for _, label in ref[5:]] == [None, "diverges", "after", "after"]
+    assert [tok for tok, _ in rt[4:]] == [" ‖ ", "▁Ein ", "▁Köter ", ". ", "</s> "]
 
 
 def test_attention_figure_draws_the_matrix():
@@ -198,7 +219,7 @@ def test_compare_request(backends):
     ref = backends.get("torch").translate([SENTENCES[4]], **SETTINGS.kwargs())[0]
     assert r.reference_text == ref.text
     assert r.identical and "Token-identical" in r.verdict()
-    assert r.table()[0][:3] == [1, "yes", ""]
+    assert r.table()[0][:4] == [1, SENTENCES[4], "yes", ""]
 
 
 # ----------------------------------------------------------------------------- the real server
@@ -285,8 +306,11 @@ def test_over_long_input_refused_with_on_long_error(backends):
 
     port = free_port()
     app = launch(build_app(backends, on_long="error"), port=port, prevent_thread_lock=True,
-                 quiet=True)
+                 quiet=True, concurrency=3)
     try:
+        # translate and compare, by button or Enter, share one queue group of 3 workers
+        heavy = [fn for fn in app.fns.values() if fn.name in ("on_translate", "on_compare")]
+        assert len(heavy) == 4 and {fn.concurrency_id for fn in heavy} == {MODEL_QUEUE}
         c = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False,
                                  analytics_enabled=False, download_files=False)
         out, notice, *_ = c.predict(LONG, backends.available[0], *args(Settings(beam_size=1)),
@@ -296,6 +320,8 @@ def test_over_long_input_refused_with_on_long_error(backends):
         out, notice, *_ = c.predict(SENTENCES[7], backends.available[0],
                                     *args(Settings(beam_size=1, nbest=1)), api_name="/translate")
         assert out and notice == ""
+        # the queue group those requests went through (made on first use) runs 3 at once
+        assert app._queue.event_queue_per_concurrency_id[MODEL_QUEUE].concurrency_limit == 3
     finally:
         app.close()
 
@@ -311,4 +337,4 @@ def test_compare_through_the_server(server, client, backends):
     expected = backends.get("torch").translate([SENTENCES[8]], **SETTINGS.kwargs())[0]
     assert ref_text == expected.text == rt_text
     assert "Token-identical" in verdict
-    assert table["data"][0][:2] == [1, "yes"]
+    assert table["data"][0][:3] == [1, SENTENCES[8], "yes"]
