@@ -8,6 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 EXTRAS ?= cpu,train,export,demo,dev
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: demo test venv lint browser clean help
 
@@ -36,7 +37,7 @@ browser:
 	fi
 
 demo: $(STAMP)
-	$(VENV)/bin/aiayn demo
+	$(VENV)/bin/aiayn demo $(DEMO_ARGS)
 
 test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
