@@ -52,6 +52,7 @@ _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
 
 # log_probs, topk_log_probs, topk_ids, present_k, present_v, cross_attn
 _DEC_OUT = names(DECODER_OUTPUTS)
+SMALL_ROWS = 16  # decoder steps with at most this many rows use a single-threaded session
 
 
 def import_onnxruntime():
@@ -64,13 +65,20 @@ def import_onnxruntime():
     return onnxruntime
 
 
-def session_options(threads: int | None = None):
+def session_options(threads: int | None = None, spin: bool = False):
     """SessionOptions for the runtime's graphs.
 
     ``threads`` sets ONNX Runtime's intra-op threads (None: ONNX Runtime's default, one per
     physical core). Graphs run sequentially (one decoder step is one chain of ops), with all
     graph optimizations; memory patterns are off because every call has new shapes (P grows
-    each step, N shrinks as sentences finish). Raises ValueError for threads < 1.
+    each step, N shrinks as sentences finish).
+
+    ``spin``: whether idle intra-op threads busy-wait for work (ONNX Runtime's default). Off
+    here: a decoder step is ~150 small ops, and when the cores are shared (other processes,
+    or several translators) spinning threads burn the time slices the working ones need —
+    measured on a busy 2-core machine, 2 spinning threads were 2-3x slower per step than
+    2 blocking threads or 1 thread; on idle cores spinning is ~15-20 % faster. Raises
+    ValueError for threads < 1.
     """
     ort = import_onnxruntime()
     if threads is not None and (not isinstance(threads, int) or threads < 1):
@@ -82,6 +90,8 @@ def session_options(threads: int | None = None):
     so.inter_op_num_threads = 1
     so.enable_mem_pattern = False
     so.log_severity_level = 3  # errors only; provider fall-backs are reported by us
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 
@@ -225,10 +235,18 @@ class OrtBackend(Backend):
         cfg = package.config
         self.L, self.H = int(cfg["decoder_layers"]), int(cfg["h"])
         self.Dh = int(cfg["d_model"]) // self.H
-        self.so = session_options(threads)
+        self.so = session_options(threads, spin=bool(options.get("spin", False)))
         providers = self.providers()
         self.encoder = self._session(package.graph_path("encoder"), providers)
         self.decoder = self._session(package.graph_path("decoder"), providers)
+        # Small steps (one sentence's beam) run fastest on one thread: the ops are too small
+        # to split (measured on 2 cores: N <= 16 rows, 1 thread 15-20 % faster per step).
+        self.small_rows = int(options.get("small_rows", SMALL_ROWS))
+        self.decoder_small = None
+        multi = threads is None and (os.cpu_count() or 1) > 1 or (threads or 1) > 1
+        if self.device == "cpu" and multi and self.small_rows > 0:
+            self.decoder_small = self._session(package.graph_path("decoder"), providers,
+                                               session_options(1))
         self.decoder_init, self.init_inputs = self._init_session()
         types = {i.name: i.type for i in self.decoder.get_inputs()}
         self.float_dtype = np.dtype(_ORT_TYPES.get(types.get("cross_k", "tensor(float)"),
@@ -247,8 +265,9 @@ class OrtBackend(Backend):
     def gather_providers(self) -> list:
         return self.providers()
 
-    def _session(self, path: Path, providers: list):
-        return create_session(path, self.so, providers, self.name, self.provider, self.install)
+    def _session(self, path: Path, providers: list, so=None):
+        return create_session(path, so or self.so, providers, self.name, self.provider,
+                              self.install)
 
     def _init_session(self):
         """A session for step 0 (P = 0), or None to use ``decoder`` with an empty past."""
@@ -285,7 +304,12 @@ class OrtBackend(Backend):
              cross: Encoded, topk: int) -> StepOutput:
         N = len(tokens)
         use_init = cache is None and self.decoder_init is not None
-        sess = self.decoder_init if use_init else self.decoder
+        if use_init:
+            sess = self.decoder_init
+        elif self.decoder_small is not None and len(tokens) <= self.small_rows:
+            sess = self.decoder_small
+        else:
+            sess = self.decoder
         b = sess.io_binding()
         b.bind_cpu_input("tokens", np.ascontiguousarray(tokens, dtype=np.int64))
         b.bind_cpu_input("step", np.array(step, dtype=np.int64))
@@ -320,4 +344,5 @@ class OrtBackend(Backend):
         return {"backend": self.name, "providers": self.decoder.get_providers(),
                 "device": f"{self.device}:{self.device_id}" if self.device != "cpu" else "cpu",
                 "threads": self.threads, "onnxruntime": ort.__version__,
+                "single_thread_rows": self.small_rows if self.decoder_small else 0,
                 "cache_dtype": str(self.float_dtype), "variant": self.package.variant}
