@@ -84,6 +84,21 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def source_state() -> dict[str, Any]:
+    """The checkout measured: HEAD commit and the uncommitted files of the packages that run
+    (runtime/, export/, train/, bench/), since results depend on them."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  timeout=10).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    dirty = git("status", "--porcelain", "--", "runtime", "export", "train", "bench")
+    return {"commit": git("rev-parse", "--short", "HEAD") or "unknown",
+            "uncommitted": [line[3:] for line in dirty.splitlines()]}
+
+
 def load_average() -> list[float]:
     """1, 5 and 15-minute load averages (runnable processes; compare with the core count)."""
     try:
@@ -464,7 +479,9 @@ def markdown(report: dict[str, Any]) -> str:
         "text in → text out (tokenization included); batches are consecutive corpus sentences; "
         f"{cfg.get('repeat', 1)} timed pass(es) per batch size after a warm-up, the fastest "
         "reported",
-        f"- Command: `{report['command']}`",
+        f"- Command: `{report['command']}` at commit {report['source']['commit']}"
+        + (f" with uncommitted changes in {', '.join(report['source']['uncommitted'])}"
+           if report["source"]["uncommitted"] else ""),
         "",
     ]
     head = ["engine"]
@@ -609,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpu_model": cpu_model(), "cores": os.cpu_count(),
                     "platform": platform.platform(), "load_start": load_average()},
         "versions": library_versions(),
+        "source": source_state(),
         "config": {"model": os.path.relpath(ckpt, REPO) if ckpt.is_relative_to(REPO) else str(ckpt),
                    "split": args.split, "src": args.src, "tgt": args.tgt, "sentences": n,
                    "threads": threads, "batch_sizes": batch_sizes, "search": search,
