@@ -130,12 +130,26 @@ def _print_info(info: dict[str, Any]) -> None:
                 "scores"):
         if key in info:
             value = info[key]
-            if isinstance(value, (dict, list)):
+            if isinstance(value, dict):
                 print(f"{key}:")
-                for line in json.dumps(value, indent=2).splitlines()[1:-1]:
-                    print(f"  {line.strip()}")
+                _print_tree(value, 1)
             else:
                 print(f"{key:10s} {value}")
+
+
+def _print_tree(value: dict, depth: int) -> None:
+    """Nested manifest records as indented ``key: value`` lines (leaf dicts on one line)."""
+    pad = "  " * depth
+    for k, v in value.items():
+        if isinstance(v, dict) and any(isinstance(x, (dict, list)) for x in v.values()):
+            print(f"{pad}{k}:")
+            _print_tree(v, depth + 1)
+        elif isinstance(v, dict):
+            print(f"{pad}{k}: " + ", ".join(f"{kk}={vv}" for kk, vv in v.items()))
+        elif isinstance(v, list) and v and isinstance(v[0], dict):
+            print(f"{pad}{k}: {len(v)} entries")
+        else:
+            print(f"{pad}{k}: {v}")
 
 
 def info_main(argv: list[str]) -> int:
@@ -150,20 +164,20 @@ def info_main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print as JSON")
     args = p.parse_args(argv)
     target = args.path or args.model or default_model()
+    from .package import is_package
+
+    if not is_package(target) and Path(target).exists():
+        try:  # a checkpoint: train/ describes it (that needs torch)
+            from train.cli import info_main as checkpoint_info
+        except ImportError as e:
+            print(f"aiayn info: error: {target} is a checkpoint; describing it needs the train "
+                  f"extra ({e.name} is missing): pip install 'aiayn[train]'", file=sys.stderr)
+            return 2
+        return checkpoint_info([str(target)] + (["--json"] if args.json else []))
 
     def body():
-        from .package import is_package
-
         if not is_package(target):
-            if not Path(target).exists():
-                raise PackageError(f"{target} not found")
-            try:  # a checkpoint: train/ describes it (it needs torch)
-                from train.cli import info_main as checkpoint_info
-            except ImportError as e:
-                raise AiaynError(f"{target} is a checkpoint; describing it needs the train "
-                                 f"extra ({e.name} is missing): pip install 'aiayn[train]'"
-                                 ) from None
-            sys.exit(checkpoint_info([str(target)] + (["--json"] if args.json else [])))
+            raise PackageError(f"{target} not found (expected a model package or a checkpoint)")
         info = package_info(target, verify=not args.no_verify)
         if args.json:
             print(json.dumps(info, indent=2))
