@@ -160,6 +160,35 @@ def test_ort_cuda_matches_ort_cpu(bundled_package, multi30k_test):
     assert max(abs(x.score - y.score) for x, y in zip(a, b) if x.token_ids == y.token_ids) < 1e-3
 
 
+def test_fp16_package_runs_on_the_cpu(tiny_checkpoint, tiny, tmp_path):
+    """An fp16 variant (float16 caches and cross K/V, the gather graph in float16) runs on the
+    same search and translates like the fp32 package (parity rule: fp16 may flip a close
+    call, so most, not all, outputs must be identical)."""
+    from export.package import export_package
+
+    pkg = export_package(tiny_checkpoint, tmp_path / "fp16", variant="fp16")
+    t = Translator.load(pkg.path, backend="ort-cpu")
+    assert t.engine.float_dtype == np.float16
+    texts = ["The dog runs.", "A man sits on a red car.", "", "Big green ball in the water."]
+    a = t.translate(texts, beam_size=3, max_len_b=8, return_attention=True)
+    b = tiny.translate(texts, beam_size=3, max_len_b=8)
+    assert a[2].text == ""
+    assert sum(x.token_ids == y.token_ids for x, y in zip(a, b)) >= 3
+    assert all(len(r.attention) == len(r.tokens) + 1 for r in a if r.tokens)
+
+
+@pytest.mark.gpu
+def test_ort_tensorrt_matches_ort_cpu(tiny_package, multi30k_test, tmp_path):
+    """GPU check: ONNX Runtime's TensorRT provider (engines built into an engine cache on
+    first use; step 0 on CUDA) translates like ort-cpu."""
+    trt = Translator.load(tiny_package, backend="ort-tensorrt", engine_cache=tmp_path / "trt")
+    cpu = Translator.load(tiny_package, backend="ort-cpu")
+    texts = ["The dog runs.", "A man sits on a red car in the park.", "Big"]
+    a, b = trt.translate(texts, max_len_b=8), cpu.translate(texts, max_len_b=8)
+    assert sum(x.token_ids == y.token_ids for x, y in zip(a, b)) >= 2
+    assert any((tmp_path / "trt").iterdir())  # the engine cache was written
+
+
 @pytest.mark.gpu
 def test_tensorrt_backend_runs_engines(tmp_path):
     """GPU check: the .plan runner needs a package of the tensorrt variant built on this GPU

@@ -236,8 +236,8 @@ class OrtBackend(Backend):
         self.L, self.H = int(cfg["decoder_layers"]), int(cfg["h"])
         self.Dh = int(cfg["d_model"]) // self.H
         self.so = session_options(threads, spin=bool(options.get("spin", False)))
-        providers = self.providers()
-        self.encoder = self._session(package.graph_path("encoder"), providers)
+        self.encoder = self._session(package.graph_path("encoder"), self.providers("encoder"))
+        providers = self.providers("decoder")
         self.decoder = self._session(package.graph_path("decoder"), providers)
         # Small steps (one sentence's beam) run fastest on one thread: the ops are too small
         # to split (measured on 2 cores: N <= 16 rows, 1 thread 15-20 % faster per step).
@@ -258,12 +258,13 @@ class OrtBackend(Backend):
 
     # -- configuration hooks -------------------------------------------------------------
 
-    def providers(self) -> list:
-        """The provider list for the package's graphs (first = the one that must start)."""
+    def providers(self, graph: str = "decoder") -> list:
+        """The provider list for ``graph`` ("encoder", "decoder", "decoder_init"; first = the
+        provider that must start)."""
         return [CPU]
 
     def gather_providers(self) -> list:
-        return self.providers()
+        return self.providers("gather")
 
     def _session(self, path: Path, providers: list, so=None):
         return create_session(path, so or self.so, providers, self.name, self.provider,

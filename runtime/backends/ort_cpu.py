@@ -18,5 +18,5 @@ class OrtCpuBackend(OrtBackend):
     device = "cpu"
     install = INSTALL_CPU
 
-    def providers(self) -> list:
+    def providers(self, graph: str = "decoder") -> list:
         return [CPU]

@@ -29,6 +29,6 @@ class OrtCudaBackend(OrtBackend):
     device = "cuda"
     install = INSTALL_GPU
 
-    def providers(self) -> list:
+    def providers(self, graph: str = "decoder") -> list:
         return [(CUDA, {"device_id": self.device_id,
                         "arena_extend_strategy": "kSameAsRequested"}), CPU]

@@ -21,7 +21,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli_common import cache_root
-from .ort_common import CPU, CUDA, INSTALL_GPU, TENSORRT, OrtBackend, create_session
+from .ort_common import (
+    CPU,
+    CUDA,
+    INSTALL_GPU,
+    TENSORRT,
+    OrtBackend,
+    create_session,
+    import_onnxruntime,
+)
 
 
 class OrtTensorRTBackend(OrtBackend):
@@ -44,29 +52,36 @@ class OrtTensorRTBackend(OrtBackend):
         sha = self.package.manifest["graphs"]["decoder"].get("sha256") or "unknown"
         return cache_root() / "trt" / sha[:12]
 
-    def _profiles(self) -> dict[str, str]:
-        """trt_profile_{min,opt,max}_shapes for every dynamic input of the three graphs."""
+    @property
+    def max_rows(self) -> int:
+        """The largest N (decoder rows) the optimization profiles cover."""
+        return int(self.options.get("max_rows", 512))
+
+    def _profiles(self, graph: str) -> dict[str, str]:
+        """trt_profile_{min,opt,max}_shapes for ``graph``'s dynamic inputs: N rows
+        1..max_rows, S and P 1..max_positions (P = 0 never reaches TensorRT)."""
         L, H, Dh, M = self.L, self.H, self.Dh, self.max_positions
         n_max = self.max_rows
 
         def shapes(N: int, P: int, S: int) -> str:
-            past = f"{L}x{N}x{H}x{P}x{Dh}"
+            if graph == "encoder":
+                return f"src_ids:{N}x{S}"
             cross = f"{L}x{N}x{H}x{S}x{Dh}"
-            return ",".join([f"src_ids:{N}x{S}", f"tokens:{N}", f"past_k:{past}",
-                             f"past_v:{past}", f"beam_origin:{N}", f"cross_k:{cross}",
-                             f"cross_v:{cross}", f"src_pad_mask:{N}x{S}"])
+            items = [f"tokens:{N}", f"cross_k:{cross}", f"cross_v:{cross}",
+                     f"src_pad_mask:{N}x{S}"]
+            if graph == "decoder":
+                past = f"{L}x{N}x{H}x{P}x{Dh}"
+                items += [f"past_k:{past}", f"past_v:{past}", f"beam_origin:{N}"]
+            return ",".join(items)
 
         return {"trt_profile_min_shapes": shapes(1, 1, 1),
                 "trt_profile_opt_shapes": shapes(min(128, n_max), 32, 32),
                 "trt_profile_max_shapes": shapes(n_max, M, M)}
 
-    @property
-    def max_rows(self) -> int:
-        return int(self.options.get("max_rows", 512))
-
-    def providers(self) -> list:
+    def providers(self, graph: str = "decoder") -> list:
         cache = self.engine_cache()
-        cache.mkdir(parents=True, exist_ok=True)
+        if TENSORRT in import_onnxruntime().get_available_providers():
+            cache.mkdir(parents=True, exist_ok=True)
         trt_options = {
             "device_id": self.device_id,
             "trt_engine_cache_enable": True,
@@ -74,7 +89,7 @@ class OrtTensorRTBackend(OrtBackend):
             "trt_timing_cache_enable": True,
             "trt_timing_cache_path": str(cache),
             "trt_fp16_enable": bool(self.options.get("fp16", False)),
-            **self._profiles(),
+            **self._profiles(graph),
         }
         return [(TENSORRT, trt_options), (CUDA, {"device_id": self.device_id}), CPU]
 
@@ -84,7 +99,8 @@ class OrtTensorRTBackend(OrtBackend):
 
     def _init_session(self):
         if self.package.has_graph("decoder_init"):
-            sess = self._session(self.package.graph_path("decoder_init"), self.providers())
+            sess = self._session(self.package.graph_path("decoder_init"),
+                                 self.providers("decoder_init"))
         else:  # P = 0 is a zero-length dimension: run step 0 without TensorRT
             sess = create_session(self.package.graph_path("decoder"), self.so,
                                   [(CUDA, {"device_id": self.device_id}), CPU], self.name,
