@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
@@ -55,9 +54,9 @@ def evaluate(translator, data_dir, split: str, src: str = "en", tgt: str = "de",
         sources, references = sources[:limit], references[:limit]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from .translate_io import progress_bar
 
-        bar = tqdm(total=len(sources), desc=f"translating {split}", unit="sent", file=sys.stderr)
+        bar = progress_bar(len(sources), f"translating {split}")
     t0 = time.perf_counter()
     results = translator.translate(sources, progress=bar.update if bar else None, **search)
     seconds = time.perf_counter() - t0

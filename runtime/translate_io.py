@@ -16,6 +16,36 @@ def add_io_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar for files")
 
 
+class _PlainProgress:
+    """A minimal stand-in for tqdm (a runtime-only install has no tqdm): ``desc: n/total``
+    rewritten in place on stderr, at most every 2 %."""
+
+    def __init__(self, total: int, desc: str):
+        self.total, self.desc, self.n, self._shown = total, desc, 0, -1
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        pct = 100 * self.n // max(self.total, 1)
+        if pct >= self._shown + 2 or self.n >= self.total:
+            self._shown = pct
+            sys.stderr.write(f"\r{self.desc}: {self.n}/{self.total} ({pct}%)")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def progress_bar(total: int, desc: str):
+    """A progress bar on stderr with ``update(n)`` and ``close()``: tqdm when installed,
+    else a plain counter."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _PlainProgress(total, desc)
+    return tqdm(total=total, desc=desc, unit="sent", file=sys.stderr)
+
+
 def format_nbest(i: int, text: str, score: float) -> str:
     """An n-best line: ``i ||| text ||| score`` (i the 0-based input line)."""
     return f"{i} ||| {text} ||| {score:.6f}"
@@ -36,9 +66,7 @@ def run_translate(translator, args: argparse.Namespace) -> None:
         lines = [line.rstrip("\r\n") for line in sys.stdin]
     bar = None
     if args.input and not args.no_progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(lines), desc="translating", unit="sent", file=sys.stderr)
+        bar = progress_bar(len(lines), "translating")
     results = translator.translate(lines, progress=bar.update if bar else None,
                                    **search_kwargs(args))
     if bar:

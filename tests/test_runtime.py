@@ -54,12 +54,15 @@ def _run_python(code: str, env: dict | None = None, timeout: int = 120) -> str:
     return proc.stdout
 
 
-def test_runtime_imports_and_translates_with_torch_unimportable(bundled_cache_home):
+def test_runtime_imports_and_translates_with_torch_unimportable(bundled_cache_home, tmp_path):
     """`import runtime` and a full translation (the default model's cached package, found
-    through XDG_CACHE_HOME) with torch blocked: the runtime never needs it."""
-    code = """
+    through XDG_CACHE_HOME) with torch blocked: the runtime never needs it. tqdm (a train
+    extra) is blocked too: `aiayn translate -i FILE` still shows progress."""
+    (tmp_path / "in.en").write_text("A dog runs.\n\nTwo cats sleep.\n", encoding="utf-8")
+    code = f"""
 import sys
 sys.modules['torch'] = None  # any `import torch` now raises ImportError
+sys.modules['tqdm'] = None
 import runtime, runtime.translator, runtime.search, runtime.cli, runtime.backends
 import runtime.backends.ort_cpu, runtime.backends.ort_cuda, runtime.backends.ort_tensorrt
 import runtime.backends.tensorrt
@@ -68,13 +71,18 @@ t = Translator.load()
 r = t.translate(['A man rides a bike.', '', 'Two dogs play in the snow.'], beam_size=4)
 assert r[0].text and r[1].text == '' and r[2].text, r
 assert not [m for m in ('train', 'export') if m in sys.modules]
+from runtime.dispatch import main
+src, out = {str(tmp_path / "in.en")!r}, {str(tmp_path / "out.de")!r}
+assert main(['translate', '-i', src, '-o', out]) == 0
 print(t.backend, '|', r[0].text, '|', r[2].text)
 """
     out = _run_python(code, env={"XDG_CACHE_HOME": str(bundled_cache_home),
                                  "AIAYN_MODEL": ""})
     backend, first, third = [s.strip() for s in out.strip().split("|")]
     assert backend == "ort-cpu"
-    assert "Mann" in first and "Hund" in third
+    assert "Mann" in first and "Hunde" in third
+    lines = (tmp_path / "out.de").read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 3 and "Hund" in lines[0] and lines[1] == "" and lines[2]
 
 
 # ---------------------------------------------------------------------------- backends
