@@ -108,6 +108,7 @@ def beam_search(backend: Backend, sources: list[list[int]], beam_size: int = 4,
     encoded = backend.encode(src)
     src_lens = [len(sources[i]) for i in todo]
     max_len = [max_output_length(n, max_len_a, max_len_b, max_positions) for n in src_lens]
+    last_step = np.array(max_len, dtype=np.int64) - 1  # (B,) each sentence's last step
     finished: list[list[Hypothesis]] = [[] for _ in todo]
 
     # ---- per-row state --------------------------------------------------------------------
@@ -131,7 +132,7 @@ def beam_search(backend: Backend, sources: list[list[int]], beam_size: int = 4,
             cross = backend.select(encoded, np.repeat(np.asarray(active, dtype=np.int64), R))
         out = backend.step(tokens, t, cache, beam_origin, cross, k_fetch)
         cache = out.cache
-        last = np.array([t == max_len[b] - 1 for b in active])  # (n,)
+        last = last_step[active] == t  # (n,)
         cand_vals, cand_ids = _row_candidates(out, scores, last, R, C, V, k_fetch)  # (N, C)
 
         # Per sentence: order the R*C candidates by flat index, then stably by value (desc).
@@ -140,8 +141,8 @@ def beam_search(backend: Backend, sources: list[list[int]], beam_size: int = 4,
                 + cand_ids.reshape(n, R, C)).reshape(n, R * C)  # (n, R*C)
         vals = cand_vals.reshape(n, R * C)
         order = np.lexsort((flat, -vals), axis=-1)[:, :C]  # value desc, then flat asc
-        vals = np.take_along_axis(vals, order, axis=1)  # (n, C)
-        flat = np.take_along_axis(flat, order, axis=1)
+        rows = np.arange(n)[:, None]
+        vals, flat = vals[rows, order], flat[rows, order]  # (n, C)
         n_valid = (vals != _F32_NEG_INF).sum(axis=1)
         vals_l, flat_l = vals.tolist(), flat.tolist()
 
@@ -204,8 +205,8 @@ def _row_candidates(out, scores: np.ndarray, last: np.ndarray, R: int, C: int, V
     with np.errstate(invalid="ignore"):
         cand = np.where(special, _F32_NEG_INF, s + lp_k)  # (N, k) float32
     order = np.lexsort((ids_k, -cand), axis=-1)
-    cand = np.take_along_axis(cand, order, axis=1)
-    ids = np.take_along_axis(ids_k, order, axis=1)
+    rows = np.arange(N)[:, None]
+    cand, ids = cand[rows, order], ids_k[rows, order]
     if cand.shape[1] < C:  # V < C: every token was fetched; pad
         pad = C - cand.shape[1]
         cand = np.concatenate([cand, np.full((N, pad), _F32_NEG_INF, np.float32)], axis=1)
@@ -224,7 +225,7 @@ def _row_candidates(out, scores: np.ndarray, last: np.ndarray, R: int, C: int, V
             full_cand[:, PAD_ID] = _F32_NEG_INF
             full_cand[:, BOS_ID] = _F32_NEG_INF
             top = np.argsort(-full_cand, axis=1, kind="stable")[:, :C]  # desc, lower id first
-            cand[redo] = np.take_along_axis(full_cand, top, axis=1)
+            cand[redo] = full_cand[np.arange(len(redo))[:, None], top]
             ids[redo] = top
 
     if last.any():  # only EOS at a sentence's last step
