@@ -153,8 +153,8 @@ def beam_search(backend: Backend, sources: list[list[int]], beam_size: int = 4,
             done_rows, alive = walk_candidates(vals_l[j][:nv], flat_l[j][:nv], K, V, EOS_ID,
                                                len(finished[b]))
             if trace is not None:
-                _trace(trace, t, todo[b], history, j * R, vals_l[j][:nv], flat_l[j][:nv],
-                       done_rows, alive, V, out, scores, R, C, cand_vals, cand_ids)
+                _trace(trace, t, todo[b], history, j * R, R, done_rows, alive, cand_vals,
+                       cand_ids)
             for row, value in done_rows:
                 g = j * R + row
                 finished[b].append(_hypothesis(
@@ -254,10 +254,11 @@ def _hypothesis(history: np.ndarray, tok_scores: np.ndarray, attn_hist: np.ndarr
     return hyp
 
 
-def _trace(trace: list, t: int, sentence: int, history: np.ndarray, g0: int, vals: list,
-           flats: list, done_rows, alive, V: int, out, scores, R, C, cand_vals, cand_ids
-           ) -> None:
-    """Record one sentence's step for parity reports (see ``beam_search``'s ``trace``)."""
+def _trace(trace: list, t: int, sentence: int, history: np.ndarray, g0: int, R: int,
+           done_rows: list, alive: list, cand_vals: np.ndarray, cand_ids: np.ndarray) -> None:
+    """Record one sentence's step for parity reports (see ``beam_search``'s ``trace``): its
+    rows are ``g0 .. g0 + R - 1``; ``cand_vals``/``cand_ids`` (N, C) are every row's
+    candidates, ``done_rows``/``alive`` the walk's picks."""
     prefixes = [tuple(history[g0 + r].tolist()) for r in range(R)]
     cands = []
     for r in range(R):  # every valid row candidate, not only the sentence's top 2K
