@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -196,29 +195,46 @@ def _usable(folder: Path, sha: str) -> bool:
     return pkg.manifest.get("source_checkpoint", {}).get("sha256", sha) == sha
 
 
-@contextmanager
-def _file_lock(lock_path: Path):
-    """An exclusive advisory lock on ``lock_path`` (fcntl on POSIX, msvcrt on Windows)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a+b") as f:
+class _FileLock:
+    """An exclusive advisory lock on a file (fcntl.flock on POSIX, msvcrt on Windows), held
+    for a ``with`` block. Raises PackageError if the lock file cannot be created."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = None
+
+    def __enter__(self) -> _FileLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a+b")  # noqa: SIM115 - held until __exit__
+        except OSError as e:
+            raise PackageError(f"cannot write the package cache {self.path.parent} "
+                               f"({e.strerror}); set XDG_CACHE_HOME to a writable folder, or "
+                               "export a package with `aiayn export` and pass it with "
+                               "--model") from None
         try:
             import fcntl
 
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX)
         except ImportError:  # Windows
             import msvcrt
 
-            f.seek(0)
-            msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
-            try:
-                yield
-            finally:
-                f.seek(0)
-                msvcrt.locking(f.fileno(), msvcrt.LK_UNLCK, 1)
+            self.file.seek(0)
+            msvcrt.locking(self.file.fileno(), msvcrt.LK_LOCK, 1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            import fcntl
+
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_UN)
+        except ImportError:
+            import msvcrt
+
+            self.file.seek(0)
+            msvcrt.locking(self.file.fileno(), msvcrt.LK_UNLCK, 1)
+        finally:
+            self.file.close()
 
 
 def cached_package(checkpoint: str | os.PathLike) -> Path:
@@ -237,7 +253,7 @@ def cached_package(checkpoint: str | os.PathLike) -> Path:
     out = cache_root() / "packages" / sha[:12]
     if _usable(out, sha):
         return out
-    with _file_lock(out.with_name(f".{out.name}.lock")):
+    with _FileLock(out.with_name(f".{out.name}.lock")):
         if _usable(out, sha):  # exported by someone else while we waited
             return out
         try:

@@ -478,6 +478,16 @@ def test_missing_export_extra_is_a_clear_message(tiny_checkpoint, tmp_path, monk
         cached_package(tiny_checkpoint)
 
 
+def test_unwritable_cache_is_a_clear_message(tiny_checkpoint, tmp_path, monkeypatch):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_folder))
+    from runtime.translator import cached_package
+
+    with pytest.raises(PackageError, match="XDG_CACHE_HOME"):
+        cached_package(tiny_checkpoint)
+
+
 def test_load_translator_picks_torch_for_checkpoints(tiny_checkpoint, tiny_package, tmp_path,
                                                      monkeypatch):
     from conftest import seed_package_cache
