@@ -147,6 +147,10 @@ class _Engine:
                                    "outside the engine's optimization profile; use smaller "
                                    "batches (--max-tokens) or rebuild the engines")
             ctx.set_tensor_address(name, value.data_ptr())
+        missing = ctx.infer_shapes()  # output shapes follow from input shapes and shape inputs
+        if missing:
+            raise BackendError(f"{self.path.name}: TensorRT cannot infer the shapes of "
+                               f"{', '.join(missing)} from the inputs given")
         results = {}
         for name in self.outputs:
             shape = tuple(ctx.get_tensor_shape(name))
