@@ -1,9 +1,10 @@
 """The Python API: text in, ``Translation`` out, over a model package. Torch-free.
 
-    >>> from runtime.translator import Translator
-    >>> t = Translator.load()                      # the bundled model (package built on first use)
-    >>> t.translate(["A man rides a bike."])[0].text
-    'Ein Mann fährt Fahrrad.'
+    from runtime.translator import Translator
+    t = Translator.load()          # the bundled model (its package is built on first use)
+    r = t.translate(["A man rides a bike."], beam_size=4, nbest=2)[0]
+    r.text                         # 'Ein Mann fährt auf einem Fahrrad.'
+    r.nbest[1].text, r.score       # 'Ein Mann fährt Fahrrad.', -1.07 (log-prob / lp)
 
 ``Translator`` glues the tokenizer (runtime/tokenizer.py), a backend (runtime/backends) and
 the numpy search (runtime/search.py); sources are prepared and results built by
