@@ -108,9 +108,14 @@ def build_manifest(package_dir: Path, ckpt: Path, cfg: dict[str, Any], variant: 
         "source_checkpoint": {"sha256": checkpoint_sha256(ckpt), "path": str(ckpt.resolve())},
     }
     manifest.update(extra or {})
-    for key in ("languages", "data", "scores"):
+    for key in ("languages", "data"):
         if key in meta:
             manifest[key] = meta[key]
+    if "scores" in meta:
+        # The checkpoint's scores describe the fp32 PyTorch model: a variant that changes the
+        # arithmetic (fp16, int8) must not present them as its own.
+        key = "scores" if variant in ("fp32", "optimized") else "source_checkpoint_scores"
+        manifest[key] = meta["scores"]
     return manifest
 
 

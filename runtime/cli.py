@@ -99,7 +99,7 @@ def package_info(path: str | Path, verify: bool = True) -> dict[str, Any]:
         "versions": m.get("versions"),
     }
     for key in ("optimization", "engines", "tensorrt_version", "gpu_name", "parity", "data",
-                "scores"):
+                "scores", "source_checkpoint_scores"):
         if key in m:
             info[key] = m[key]
     return info
@@ -127,7 +127,7 @@ def _print_info(info: dict[str, Any]) -> None:
     if info.get("versions"):
         print("versions   " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
     for key in ("optimization", "engines", "tensorrt_version", "gpu_name", "parity", "data",
-                "scores"):
+                "scores", "source_checkpoint_scores"):
         if key in info:
             value = info[key]
             if isinstance(value, dict):

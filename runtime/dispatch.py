@@ -49,8 +49,11 @@ def owner_for(command: str, argv: list[str]) -> str:
     owner = OWNERS[command]
     if owner is not None:
         return owner
-    if _option(argv, "--backend") == "torch":
+    backend = _option(argv, "--backend")
+    if backend == "torch":
         return "train.cli"
+    if backend not in (None, "auto"):
+        return "runtime.cli"  # an explicit runtime backend: a checkpoint is exported first
     model = _option(argv, "--model")
     if command == "info" and model is None:
         model = next((a for a in argv if not a.startswith("-")), None)
