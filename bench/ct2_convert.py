@@ -109,7 +109,7 @@ def vocabulary(tokenizer) -> list[str]:
     Raises ValueError if the special pieces are not <pad> <unk> <s> </s> at ids 0-3 or a piece
     cannot be one line of CTranslate2's vocabulary file (duplicates, newlines).
     """
-    pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    pieces = tokenizer.pieces(list(range(tokenizer.vocab_size)))
     expected = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
     for i, piece in expected.items():
         if pieces[i] != piece:
@@ -131,7 +131,7 @@ def build_spec(model, tokenizer):
     module's docstring. Raises ImportError without ctranslate2, ValueError for a model this
     mapping does not describe.
     """
-    ct2 = _ct2()
+    _ct2()
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
@@ -190,7 +190,6 @@ def build_spec(model, tokenizer):
         raise ValueError(f"tokenizer has {len(vocab)} pieces, model vocab_size {cfg.vocab_size}")
     spec.register_source_vocabulary(vocab)
     spec.register_target_vocabulary(vocab)
-    del ct2
     return spec
 
 
@@ -303,7 +302,7 @@ class CT2Translator:
         self.max_positions = max_positions
         self.suppress_special = suppress_special
         self.stats = {"no_eos": 0, "special": 0}
-        self._piece_to_id = {tokenizer.sp.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+        self._piece_to_id = {p: i for i, p in enumerate(vocabulary(tokenizer))}
 
     @classmethod
     def load(cls, model_dir: str | os.PathLike, threads: int | None = None,
