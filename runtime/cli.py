@@ -1,8 +1,8 @@
 """``aiayn translate``, ``aiayn eval`` and ``aiayn info`` on the runtime (model packages).
 
-``runtime/dispatch.py`` sends these here unless ``--backend torch`` or ``--model`` is a
-checkpoint (then ``train/cli.py``). A checkpoint that still arrives here (``python -m
-runtime.cli``) goes through ``load_translator``, which imports torch only for it. Torch-free
+``runtime/dispatch.py`` sends ``translate`` and ``eval`` here for every backend: a checkpoint
+(or ``--backend torch``) goes through ``load_translator``, which imports torch and train/ only
+for it; ``info`` comes here for packages (``train/cli.py`` describes checkpoints). Torch-free
 otherwise.
 """
 

@@ -29,8 +29,9 @@ Run `aiayn <command> --help` for its options."""
 OWNERS = {
     "train": "train.cli", "average": "train.cli", "export": "export.cli",
     "validate": "export.cli", "parity": "export.parity", "demo": "demo.cli",
-    # eval / translate / info: a package runs on the runtime, a checkpoint on torch
-    "eval": None, "translate": None, "info": None,
+    # eval / translate pick their backend in runtime.translator.load_translator (a checkpoint
+    # or --backend torch loads train/ lazily); info depends on what it describes
+    "eval": "runtime.cli", "translate": "runtime.cli", "info": None,
 }
 EXTRAS = {"train": "train", "export": "export", "demo": "demo", "runtime": "cpu"}
 
@@ -49,16 +50,10 @@ def owner_for(command: str, argv: list[str]) -> str:
     owner = OWNERS[command]
     if owner is not None:
         return owner
-    backend = _option(argv, "--backend")
-    if backend == "torch":
-        return "train.cli"
-    if backend not in (None, "auto"):
-        return "runtime.cli"  # an explicit runtime backend: a checkpoint is exported first
-    model = _option(argv, "--model")
-    if command == "info" and model is None:
-        model = next((a for a in argv if not a.startswith("-")), None)
+    # info: a checkpoint (or run) is described by train/, a package by the runtime
+    model = _option(argv, "--model") or next((a for a in argv if not a.startswith("-")), None)
     if model is not None and not (Path(model) / MANIFEST_FILE).is_file() and Path(model).exists():
-        return "train.cli"  # a checkpoint or a run: the torch backend
+        return "train.cli"
     return "runtime.cli"
 
 

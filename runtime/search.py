@@ -47,6 +47,7 @@ from .searchspec import (
     empty_result,
     length_penalty,
     max_output_length,
+    next_rows,
     rank,
     walk_candidates,
 )
@@ -164,9 +165,9 @@ def beam_search(backend: Backend, sources: list[list[int]], beam_size: int = 4,
             if len(finished[b]) >= K or not alive:
                 continue
             next_active.append(b)
-            for row, token, value in alive + [alive[0][:2] + (NEG_INF,)] * (K - len(alive)):
-                origin.append(j * R + row)
-                next_tokens.append(token if value != NEG_INF else PAD_ID)
+            for row, token, value in next_rows(alive, K, j * R, PAD_ID):
+                origin.append(row)
+                next_tokens.append(token)
                 next_scores.append(value)
         if not next_active:
             break

@@ -118,3 +118,13 @@ def walk_candidates(values: list[float], flat_ids: list[int], beam_size: int, vo
         if len(alive) >= K and r >= K - 1:
             break
     return finished, alive
+
+
+def next_rows(alive: list[tuple[int, int, float]], beam_size: int, row_offset: int, pad_id: int
+              ) -> list[tuple[int, int, float]]:
+    """The K rows a sentence continues with: its alive hypotheses as (origin row, token,
+    score), ``row_offset`` added to each origin, padded with dead rows (score -inf, token
+    ``pad_id``, origin the best row) when fewer than K are alive (tiny vocabularies)."""
+    rows = [(row_offset + row, token, value) for row, token, value in alive]
+    dead = (row_offset + alive[0][0], pad_id, float("-inf"))
+    return rows + [dead] * (beam_size - len(alive))

@@ -6,7 +6,7 @@ import torch
 from runtime.cli_common import BUNDLED_MODEL
 from runtime.corpus import default_data_dir, read_parallel
 from train.checkpoint import list_checkpoints, load_checkpoint
-from train.trainer import Trainer, TrainConfig
+from train.trainer import TrainConfig, Trainer
 from train.translator import TorchTranslator
 
 pytestmark = [pytest.mark.gpu,

@@ -16,8 +16,11 @@ def test_dispatch_sends_packages_to_the_runtime(bundled_package, tiny_checkpoint
     assert owner_for("eval", ["--model", str(bundled_package)]) == "runtime.cli"
     assert owner_for("info", [str(bundled_package)]) == "runtime.cli"
     assert owner_for("translate", []) == "runtime.cli"
-    assert owner_for("translate", ["--model", str(tiny_checkpoint)]) == "train.cli"
-    assert owner_for("translate", ["--backend", "torch"]) == "train.cli"
+    # translate/eval choose the torch backend inside runtime.translator.load_translator
+    assert owner_for("translate", ["--model", str(tiny_checkpoint)]) == "runtime.cli"
+    assert owner_for("translate", ["--backend", "torch"]) == "runtime.cli"
+    assert owner_for("info", [str(tiny_checkpoint)]) == "train.cli"
+    assert owner_for("info", ["--model", str(tiny_checkpoint)]) == "train.cli"
 
 
 def test_translate_files_one_line_per_line(bundled_package, tmp_path, capsys):

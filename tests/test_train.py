@@ -15,13 +15,12 @@ import torch
 
 from runtime.corpus import default_data_dir, read_parallel
 from runtime.errors import CheckpointError, CorpusError
-from train.checkpoint import (list_checkpoints, load_checkpoint, load_train_state,
-                              save_checkpoint)
+from train.checkpoint import list_checkpoints, load_checkpoint, load_train_state, save_checkpoint
 from train.config import ModelConfig
 from train.data import load_split, make_batches
 from train.model import Transformer
 from train.search import beam_search
-from train.trainer import Trainer, TrainConfig, label_smoothed_loss, learning_rate
+from train.trainer import TrainConfig, Trainer, label_smoothed_loss, learning_rate
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = default_data_dir()

@@ -17,8 +17,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from runtime.checksums import checksums_json, sha256_file, verify_checksums
-from runtime.contract import (CHECKPOINT_CHECKSUMS, CHECKPOINT_CONFIG, CHECKPOINT_TOKENIZER,
-                              CHECKPOINT_WEIGHTS)
+from runtime.contract import (
+    CHECKPOINT_CHECKSUMS,
+    CHECKPOINT_CONFIG,
+    CHECKPOINT_TOKENIZER,
+    CHECKPOINT_WEIGHTS,
+)
 from runtime.errors import CheckpointError
 from runtime.tokenizer import Tokenizer
 

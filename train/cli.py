@@ -1,5 +1,6 @@
-"""``aiayn train``, ``aiayn average``, and the ``torch`` backend of ``aiayn eval``,
-``aiayn translate`` and ``aiayn info`` (checkpoints)."""
+"""``aiayn train``, ``aiayn average`` and ``aiayn info CHECKPOINT``. (``aiayn eval`` and
+``aiayn translate`` live in runtime/cli.py for every backend; with a checkpoint or
+``--backend torch`` they load train/ lazily through ``runtime.translator.load_translator``.)"""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from runtime.cli_common import (add_model_args, add_search_args, default_model, run_cli,
-                                search_kwargs)
+from runtime.cli_common import default_model, run_cli
 from runtime.errors import AiaynError
 
 from .config import PRESETS, ConfigError
@@ -74,7 +74,7 @@ def train_main(argv: list[str]) -> int:
     args = build_train_parser().parse_args(argv)
 
     def body():
-        from .trainer import RUN_CONFIG, Trainer, TrainConfig
+        from .trainer import RUN_CONFIG, TrainConfig, Trainer
 
         options = {
             "epochs": args.epochs, "max_steps": args.max_steps, "max_time": args.max_time,
@@ -156,42 +156,6 @@ def average_main(argv: list[str]) -> int:
     return run_cli(body, "average")
 
 
-def _load_translator(args):
-    from .translator import TorchTranslator
-
-    return TorchTranslator.load(args.model or default_model(),
-                                device=getattr(args, "device", "auto") or "auto",
-                                threads=args.threads)
-
-
-def eval_main(argv: list[str]) -> int:
-    from runtime.evaluate import add_eval_args, run_eval
-
-    p = argparse.ArgumentParser(prog="aiayn eval", description=(
-        "BLEU and chrF (sacreBLEU, detokenized, cased, with signatures) of a checkpoint on a "
-        "test split, through the PyTorch reference search."))
-    add_model_args(p)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    add_eval_args(p)
-    add_search_args(p)
-    args = p.parse_args(argv)
-    return run_cli(lambda: run_eval(_load_translator(args), args), "eval")
-
-
-def translate_main(argv: list[str]) -> int:
-    from runtime.translate_io import add_io_args, run_translate
-
-    p = argparse.ArgumentParser(prog="aiayn translate", description=(
-        "Translate one sentence a line (stdin or -i FILE) with a checkpoint on the PyTorch "
-        "reference search; one output line per input line."))
-    add_model_args(p)
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    add_io_args(p)
-    add_search_args(p)
-    args = p.parse_args(argv)
-    return run_cli(lambda: run_translate(_load_translator(args), args), "translate")
-
-
 def info_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="aiayn info", description="Describe a checkpoint.")
     p.add_argument("path", nargs="?", type=Path, default=None)
@@ -218,8 +182,7 @@ def info_main(argv: list[str]) -> int:
     return run_cli(body, "info")
 
 
-COMMANDS = {"train": train_main, "average": average_main, "eval": eval_main,
-            "translate": translate_main, "info": info_main}
+COMMANDS = {"train": train_main, "average": average_main, "info": info_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,13 +11,20 @@ the final ranking divides by ``length_penalty`` (gnmt or power). K = 1 is greedy
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
 from runtime.contract import BOS_ID, EOS_ID, PAD_ID
-from runtime.searchspec import (Hypothesis, check_search_args, empty_result, length_penalty,
-                                max_output_length, rank, walk_candidates)
+from runtime.searchspec import (
+    Hypothesis,
+    check_search_args,
+    empty_result,
+    length_penalty,
+    max_output_length,
+    next_rows,
+    rank,
+    walk_candidates,
+)
 
 from .model import Transformer
 
@@ -140,9 +147,9 @@ def beam_search(model: Transformer, sources: list[list[int]], beam_size: int = 4
             if len(finished[b]) >= K or not alive:
                 continue
             next_active.append(b)
-            for row, token, value in alive + [alive[0][:2] + (NEG_INF,)] * (K - len(alive)):
-                origin.append(j * R + row)
-                next_tokens.append(token if value != NEG_INF else PAD_ID)
+            for row, token, value in next_rows(alive, K, j * R, PAD_ID):
+                origin.append(row)
+                next_tokens.append(token)
                 next_scores.append(value)
         if not next_active:
             break

@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,15 @@ from runtime.contract import PAD_ID
 from runtime.errors import AiaynError, CheckpointError
 from runtime.tokenizer import Tokenizer, train_tokenizer
 
-from .checkpoint import (CHECKPOINTS_DIR, STEP_PREFIX, list_checkpoints, load_train_state,
-                         load_weights, save_checkpoint)
-from .config import PRESET_TRAINING, ConfigError, ModelConfig, atomic_write_text, preset
+from .checkpoint import (
+    CHECKPOINTS_DIR,
+    STEP_PREFIX,
+    list_checkpoints,
+    load_train_state,
+    load_weights,
+    save_checkpoint,
+)
+from .config import PRESET_TRAINING, ConfigError, atomic_write_text, preset
 from .data import ParallelData, collate, load_split, make_batches
 from .model import Transformer
 from .search import beam_search
@@ -331,7 +338,7 @@ class Trainer:
         for i, b in enumerate(batches):
             b = b.to(self.device)
             sync = i == len(batches) - 1
-            ctx = self.ddp.no_sync() if (self.d.world > 1 and not sync) else _null()
+            ctx = self.ddp.no_sync() if (self.d.world > 1 and not sync) else nullcontext()
             with ctx, torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
                 logits = self.ddp(b.src, b.tgt_in)
                 loss, nll = label_smoothed_loss(logits, b.tgt_out, self.cfg.label_smoothing)
@@ -467,11 +474,3 @@ def translate_ids(model: Transformer, sources: list[list[int]], beam_size: int =
             out[i] = r[0].tokens
     model.train(was_training)
     return out
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
