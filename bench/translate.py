@@ -12,6 +12,19 @@ the same thread count for every engine (``--threads``, default all cores):
     ct2-fp32   CTranslate2 on our weights converted by bench/ct2_convert.py, float32
     ct2-int8   ... loaded with compute_type int8 (extra information)
 
+GPU engines (not in the default set; ``--engines torch-cuda ort-cuda-fp32 ort-cuda-fp16``):
+
+    torch-cuda      TorchTranslator on device cuda (timing synchronizes CUDA after each call)
+    ort-cuda-fp32   Translator on the fp32 package, backend ort-cuda (IO binding: caches stay
+                    on the GPU; results are on the host when ``translate`` returns)
+    ort-cuda-fp16   ... on the fp16 package (``aiayn export --fp16``)
+
+``--package-fp32`` / ``--package-fp16`` name prebuilt packages (checked to be of ``--model``),
+so nothing is exported on the GPU machine; without them they are exported into ``--work``.
+With GPU engines the reference for "= ref" is ``torch-cuda`` (else ``torch``), and the target
+is ort-cuda-fp16 >= 3x torch-cuda at the largest batch size. ``--batch1-limit N`` times batch
+1 on the first N sentences only (other batch sizes: all ``--limit``).
+
 Every engine is text in, text out through ``runtime.translation.translate_batched`` (same
 sentencepiece tokenization, length sorting and batching), and runs in its own subprocess so
 its peak RSS is its own. Per engine and batch size (``--batch-sizes``, default 1 and 32, in
@@ -28,6 +41,8 @@ reference scores within 1e-4 at the first diverging step).
     python bench/translate.py --results-md bench/RESULTS.md   # also update RESULTS.md
     python bench/translate.py --render a.json b.json --results-md bench/RESULTS.md
     python bench/translate.py --profile --engines ort-fp32 --limit 200   # cProfile top functions
+    python bench/translate.py --engines torch-cuda ort-cuda-fp32 ort-cuda-fp16 --lp-type gnmt \
+        --package-fp32 PKG32 --package-fp16 PKG16 --batch-sizes 1 64 --batch1-limit 200
 
 A benchmark, not a test: numbers depend on the machine and its load (recorded with them).
 """
@@ -54,8 +69,13 @@ for p in (REPO, REPO / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-ENGINES = ("torch", "ort-fp32", "ort-opt", "ort-int8", "ct2-fp32", "ct2-int8")
-PACKAGE_VARIANTS = {"ort-fp32": [], "ort-opt": ["--optimize"], "ort-int8": ["--int8"]}
+CPU_ENGINES = ("torch", "ort-fp32", "ort-opt", "ort-int8", "ct2-fp32", "ct2-int8")
+GPU_ENGINES = ("torch-cuda", "ort-cuda-fp32", "ort-cuda-fp16")
+ENGINES = CPU_ENGINES + GPU_ENGINES
+PACKAGE_VARIANTS = {"ort-fp32": [], "ort-opt": ["--optimize"], "ort-int8": ["--int8"],
+                    "ort-cuda-fp32": [], "ort-cuda-fp16": ["--fp16"]}
+PACKAGE_VARIANT_NAME = {"ort-fp32": "fp32", "ort-opt": "optimized", "ort-int8": "int8",
+                        "ort-cuda-fp32": "fp32", "ort-cuda-fp16": "fp16"}
 DEFAULT_MODEL = REPO / "models" / "multi30k-en-de"
 NEAR_TIE = 1e-4  # DESIGN.md parity rule: competing cumulative scores within this are a tie
 MARK_BEGIN = "<!-- bench/translate.py: begin -->"
@@ -79,10 +99,23 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for dist in ("torch", "onnxruntime", "ctranslate2", "numpy", "sentencepiece", "sacrebleu"):
+    for dist in ("torch", "onnxruntime", "onnxruntime-gpu", "ctranslate2", "numpy",
+                 "sentencepiece", "sacrebleu"):
         with contextlib.suppress(PackageNotFoundError):
             out[dist] = version(dist)
     return out
+
+
+def gpu_model() -> str | None:
+    """The first GPU's name and memory from nvidia-smi, None without one."""
+    try:
+        proc = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = proc.stdout.strip().splitlines()
+    return lines[0].strip() if proc.returncode == 0 and lines else None
 
 
 def source_state() -> dict[str, Any]:
@@ -130,23 +163,25 @@ def rss_mib() -> float | None:
 
 # ---- engines (built inside their worker) ------------------------------------------------------
 
-def load_engine(engine: str, artifact: str, threads: int):
+def load_engine(engine: str, artifact: str, threads: int, cpu_stand_in: bool = False):
     """The translator of ``engine`` (anything with ``translate(texts, **search)``).
 
-    ``artifact`` is the checkpoint (torch), the package (ort-*) or the CTranslate2 model
-    directory (ct2-*). Raises ImportError naming what is missing.
+    ``artifact`` is the checkpoint (torch*), the package (ort-*) or the CTranslate2 model
+    directory (ct2-*). ``cpu_stand_in`` runs the GPU engines on cpu / ort-cpu (dry runs of
+    the GPU benchmark's plumbing on a machine without one). Raises ImportError naming what
+    is missing.
     """
-    if engine == "torch":
+    if engine in ("torch", "torch-cuda"):
         from train.translator import TorchTranslator
 
-        return TorchTranslator.load(artifact, device="cpu", threads=threads)
+        device = "cuda" if engine == "torch-cuda" and not cpu_stand_in else "cpu"
+        return TorchTranslator.load(artifact, device=device, threads=threads)
     if engine.startswith("ort-"):
-        try:
-            from runtime.translator import Translator
-        except ImportError as e:
-            raise ImportError(f"runtime.translator is not importable ({e}); the ONNX runtime "
-                              "translator is not in this tree yet") from e
-        return Translator.load(artifact, backend="ort-cpu", threads=threads)
+        from runtime.translator import Translator
+
+        gpu = engine.startswith("ort-cuda-") and not cpu_stand_in
+        return Translator.load(artifact, backend="ort-cuda" if gpu else "ort-cpu",
+                               threads=threads)
     if engine.startswith("ct2-"):
         from ct2_convert import CT2Translator
 
@@ -166,18 +201,23 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def timed_run(translator, texts: list[str], batch_size: int, search: dict[str, Any]
-              ) -> dict[str, Any]:
+def timed_run(translator, texts: list[str], batch_size: int, search: dict[str, Any],
+              sync=None) -> dict[str, Any]:
     """Translate ``texts`` in consecutive calls of ``batch_size`` sentences; wall-clock timing.
 
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called before the clock starts and at the
+    end of every call, so asynchronous device work is inside the call it belongs to.
     Returns sentences/s, target tokens/s (generated subwords, EOS excluded), call latencies
     p50/p95 in milliseconds, CPU/wall ratio, and the outputs (text and token ids).
     """
+    sync = sync or (lambda: None)
     latencies, results = [], []
+    sync()
     cpu0, t0 = time.process_time(), time.perf_counter()
     for i in range(0, len(texts), batch_size):
         s = time.perf_counter()
         results.extend(translator.translate(texts[i:i + batch_size], **search))
+        sync()
         latencies.append(time.perf_counter() - s)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     tokens = sum(len(r.token_ids) for r in results)
@@ -199,12 +239,23 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
     sources, _ = read_parallel(cfg["data"], cfg["split"], cfg["src"], cfg["tgt"])
     texts = sources[:cfg["limit"]]
     search = cfg["search"]
+    stand_in = bool(cfg.get("cpu_stand_in"))
     t0 = time.perf_counter()
-    translator = load_engine(cfg["engine"], cfg["artifact"], cfg["threads"])
+    translator = load_engine(cfg["engine"], cfg["artifact"], cfg["threads"], stand_in)
     out: dict[str, Any] = {"engine": cfg["engine"], "artifact": cfg["artifact"],
                            "threads": cfg["threads"],
                            "load_seconds": round(time.perf_counter() - t0, 2),
                            "rss_after_load_mib": rss_mib(), "runs": {}}
+    sync = None
+    if cfg["engine"] in GPU_ENGINES:
+        out["device"] = device_info(translator)
+        if stand_in:
+            out["device"]["cpu_stand_in"] = True
+        if cfg["engine"] == "torch-cuda" and not stand_in:
+            import torch
+
+            sync = torch.cuda.synchronize
+    batch1 = cfg.get("batch1_limit")
     for bs in cfg["batch_sizes"]:  # warm-up, not timed: allocators, kernels, caches
         for i in range(0, max(bs, cfg["warmup"]) if bs == 1 else bs, bs):  # as timed below
             translator.translate(texts[i:i + bs], **search)
@@ -217,7 +268,9 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
         if profiler:
             profiler.enable()
         # --repeat R: the fastest of R passes (the least disturbed by other processes).
-        passes = [timed_run(translator, texts, bs, search) for _ in range(cfg.get("repeat", 1))]
+        run_texts = texts[:batch1] if bs == 1 and batch1 else texts
+        passes = [timed_run(translator, run_texts, bs, search, sync)
+                  for _ in range(cfg.get("repeat", 1))]
         best = min(passes, key=lambda r: r["seconds"])
         best["seconds_all_passes"] = [r["seconds"] for r in passes]
         out["runs"][str(bs)] = best
@@ -227,10 +280,28 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
                 profiler, Path(cfg["profile"]) / f"{cfg['engine']}-bs{bs}.prof")
             profiler = type(profiler)()
     out["peak_rss_mib"] = peak_rss_mib()
+    if sync is not None:
+        import torch
+
+        out["device"]["peak_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     stats = getattr(translator, "stats", None)
     if stats is not None:
         out["engine_stats"] = dict(stats)
     return out
+
+
+def device_info(translator) -> dict[str, Any]:
+    """Where a GPU engine runs: torch's device and GPU name, or the runtime's providers."""
+    if hasattr(translator, "describe"):
+        d = translator.describe()
+        return {k: d[k] for k in ("backend", "providers", "device", "variant", "cache_dtype",
+                                  "onnxruntime") if k in d}
+    info: dict[str, Any] = {"device": str(translator.device)}
+    if str(translator.device).startswith("cuda"):
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
 
 
 def profile_summary(profiler, path: Path, top: int = 25) -> list[str]:
@@ -342,20 +413,27 @@ def checkpoint_id(ckpt: Path) -> str:
     return sha256_file(ckpt / "model.safetensors")
 
 
-def prepare_artifacts(engines: list[str], ckpt: Path, work: Path, rebuild: bool
+def prepare_artifacts(engines: list[str], ckpt: Path, work: Path, rebuild: bool,
+                      prebuilt: dict[str, str] | None = None
                       ) -> tuple[dict[str, str], dict[str, str]]:
     """Build what the engines need under ``work`` (reused while the checkpoint is the same).
 
+    ``prebuilt`` maps package engines to ready packages (``--package-fp32/-fp16``), used
+    instead of exporting once checked to be of ``ckpt`` and of the engine's variant.
     Returns ({engine: artifact path}, {engine: why it is unavailable}).
     """
+    prebuilt = prebuilt or {}
     sha = checkpoint_id(ckpt)
     work = work / sha[:12]
     work.mkdir(parents=True, exist_ok=True)
     paths, errors = {}, {}
     for engine in engines:
         try:
-            if engine == "torch":
+            if engine in ("torch", "torch-cuda"):
                 paths[engine] = str(ckpt)
+            elif prebuilt.get(engine):
+                paths[engine] = str(check_package(Path(prebuilt[engine]), sha,
+                                                  PACKAGE_VARIANT_NAME[engine]))
             elif engine.startswith("ct2-"):
                 from ct2_convert import SOURCE_RECORD, convert_checkpoint
 
@@ -368,12 +446,29 @@ def prepare_artifacts(engines: list[str], ckpt: Path, work: Path, rebuild: bool
                     convert_checkpoint(ckpt, out, force=True)
                 paths[engine] = str(out)
             elif engine in PACKAGE_VARIANTS:
-                paths[engine] = str(ensure_package(ckpt, work / f"pkg-{engine[4:]}", sha,
+                name = engine.rsplit("-", 1)[1]  # ort-cuda-fp32 shares ort-fp32's package
+                paths[engine] = str(ensure_package(ckpt, work / f"pkg-{name}", sha,
                                                    PACKAGE_VARIANTS[engine], rebuild))
         except Exception as e:  # noqa: BLE001 - reported per engine, the others still run
             errors[engine] = f"{type(e).__name__}: {e}"
             log(f"{engine}: unavailable ({errors[engine]})")
     return paths, errors
+
+
+def check_package(path: Path, sha: str, variant: str) -> Path:
+    """``path`` if it is a package of the checkpoint with weights ``sha`` and of ``variant``
+    (from its manifest; checksums are verified when the engine loads it), else ValueError."""
+    manifest = path / "manifest.json"
+    if not manifest.is_file():
+        raise ValueError(f"{path} is not a model package (no manifest.json)")
+    m = json.loads(manifest.read_text(encoding="utf-8"))
+    got = m.get("source_checkpoint", {}).get("sha256")
+    if got and got != sha:
+        raise ValueError(f"{path} was exported from another checkpoint ({got[:12]}…, "
+                         f"not {sha[:12]}…)")
+    if m.get("variant") != variant:
+        raise ValueError(f"{path} is a {m.get('variant')} package, not {variant}")
+    return path
 
 
 def ensure_package(ckpt: Path, out: Path, sha: str, variant_args: list[str], rebuild: bool
@@ -393,6 +488,23 @@ def ensure_package(ckpt: Path, out: Path, sha: str, variant_args: list[str], reb
 
 
 # ---- orchestration ------------------------------------------------------------------------------
+
+def write_report(report: dict[str, Any], out_path: Path, keep_outputs: bool
+                 ) -> dict[str, Any]:
+    """Write ``report`` as JSON (without translations and token ids unless ``keep_outputs``);
+    returns what was written. ``report`` itself keeps them."""
+    if not keep_outputs:
+        report = {**report, "engines": {
+            name: {**rec, "runs": {bs: {k: v for k, v in run.items()
+                                        if k not in ("outputs", "token_ids")}
+                                   for bs, run in rec["runs"].items()}} if "runs" in rec else rec
+            for name, rec in report["engines"].items()}}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(out_path)
+    return report
+
 
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
@@ -420,30 +532,41 @@ def run_subprocess(kind: str, cfg: dict[str, Any], timeout: float | None) -> dic
 
 
 def summarize(results: dict[str, dict], references: list[str], batch_sizes: list[int]
-              ) -> None:
+              ) -> str | None:
     """Add BLEU (of the largest batch size's outputs), batch invariance and agreement with
-    the torch reference to each engine record, in place."""
+    the reference engine (``torch-cuda`` when it ran, else ``torch``) to each engine record,
+    in place. Returns the reference engine's name (None without one)."""
     from runtime.evaluate import score
 
-    ref_ids = None
-    if "torch" in results and "runs" in results["torch"]:
-        ref_ids = results["torch"]["runs"][str(batch_sizes[-1])]["token_ids"]
+    ref_ids, ref_name = None, None
+    for name in ("torch-cuda", "torch"):
+        run = results.get(name, {}).get("runs", {}).get(str(batch_sizes[-1]))
+        if run and "token_ids" in run:
+            ref_ids, ref_name = run["token_ids"], name
+            break
     for rec in results.values():
         if "runs" not in rec:
             continue
         runs = [rec["runs"][str(bs)] for bs in batch_sizes]
         main_run = runs[-1]
+        if "token_ids" not in main_run:  # already summarized, outputs dropped
+            continue
         s = score(main_run["outputs"], references[:len(main_run["outputs"])])
         rec["bleu"], rec["chrf"], rec["bleu_signature"] = s["bleu"], s["chrf"], s["bleu_signature"]
-        rec["batch_invariant"] = all(r["token_ids"] == main_run["token_ids"] for r in runs)
+        # a batch-1 run over fewer sentences (--batch1-limit) is compared on those
+        rec["batch_invariant"] = all(
+            r["token_ids"] == main_run["token_ids"][:len(r["token_ids"])] for r in runs)
         if ref_ids is not None:
+            rec["reference_engine"] = ref_name
             rec["identical_to_reference"] = sum(x == y for x, y in zip(main_run["token_ids"],
                                                                       ref_ids))
+    return ref_name
 
 
 def targets(results: dict[str, dict], batch_sizes: list[int]) -> list[dict[str, Any]]:
-    """The issue's targets: ort-fp32 >= 2x torch at the largest batch; ort-fp32 >= ct2-fp32 at
-    every batch size (sentences/s)."""
+    """The targets (sentences/s), for the engines that were asked for: on the CPU ort-fp32 >=
+    2x torch at the largest batch and ort-fp32 >= ct2-fp32 at every batch size; on the GPU
+    ort-cuda-fp16 >= 3x torch-cuda at the largest batch."""
 
     def rate(engine: str, bs: int) -> float | None:
         rec = results.get(engine, {})
@@ -452,8 +575,12 @@ def targets(results: dict[str, dict], batch_sizes: list[int]) -> list[dict[str, 
 
     out = []
     big = max(batch_sizes)
-    checks = [("ort-fp32", "torch", big, 2.0)] + [("ort-fp32", "ct2-fp32", bs, 1.0)
-                                                  for bs in batch_sizes]
+    checks = []
+    if any(e in results for e in CPU_ENGINES):
+        checks += [("ort-fp32", "torch", big, 2.0)] + [("ort-fp32", "ct2-fp32", bs, 1.0)
+                                                       for bs in batch_sizes]
+    if any(e in results for e in GPU_ENGINES):
+        checks.append(("ort-cuda-fp16", "torch-cuda", big, 3.0))
     for engine, peer, bs, factor in checks:
         x, y = rate(engine, bs), rate(peer, bs)
         ratio = round(x / y, 2) if x and y else None
@@ -480,7 +607,10 @@ def section(reports: list[dict[str, Any]]) -> str:
               "reference; CPU/wall: process CPU seconds per wall second at each batch size "
               "(up to the thread count when the engine keeps its threads busy); load 1m: the "
               "machine's 1-minute load average before → after the engine's process (its own "
-              "threads included; above the thread count means other processes competed).", ""]
+              "threads included; above the thread count means other processes competed)."
+              + (" GPU runs: = torch-cuda: token-identical to the PyTorch reference on CUDA; "
+                 "p50 ms @N: latency of one N-sentence call; peak RSS is host memory."
+                 if any(e in GPU_ENGINES for r in reports for e in r["engines"]) else ""), ""]
     return "\n".join(parts)
 
 
@@ -489,13 +619,18 @@ def markdown(report: dict[str, Any]) -> str:
     cfg, m = report["config"], report["machine"]
     bss = cfg["batch_sizes"]
     threads = cfg["threads"]
+    gpu = any(e in GPU_ENGINES for e in report["engines"])
+    where = m.get("gpu") or ("the CPU (dry run)" if cfg.get("cpu_stand_in") else "the GPU")
     lines = [
-        f"### {threads} intra-op thread{'s' if threads != 1 else ''} per engine "
-        f"({report['date'][:10]})",
+        (f"### GPU engines on {where} ({report['date'][:10]})"
+         if gpu else f"### {threads} intra-op thread{'s' if threads != 1 else ''} per engine "
+         f"({report['date'][:10]})"),
         "",
         f"- Date: {report['date']}",
-        f"- Machine: {m['cpu_model']}, {m['cores']} cores; load average (1/5/15 min) "
-        f"{m['load_start']} at start, {m['load_end']} at end",
+        f"- Machine: {m['cpu_model']}, {m['cores']} cores"
+        + (f", GPU {m['gpu']}" if m.get("gpu") else "")
+        + f"; load average (1/5/15 min) {m['load_start']} at start, "
+        f"{m.get('load_end', '?')} at end",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
         f"- Work: first {cfg['sentences']} sentences of {cfg['split']} "
         f"({cfg['src']}→{cfg['tgt']}), model `{cfg['model']}`, beam {cfg['search']['beam_size']}, "
@@ -504,7 +639,11 @@ def markdown(report: dict[str, Any]) -> str:
         f"{cfg['threads']} intra-op threads for every engine; each engine in its own process; "
         "text in → text out (tokenization included); batches are consecutive corpus sentences; "
         f"{cfg.get('repeat', 1)} timed pass(es) per batch size after a warm-up, the fastest "
-        "reported",
+        "reported"
+        + (f"; batch 1 timed on the first {cfg['batch1_limit']} sentences only"
+           if cfg.get("batch1_limit") and cfg["batch1_limit"] < cfg["sentences"] else "")
+        + ("; GPU engines DRY RUN on the CPU (cpu / ort-cpu stand-ins)"
+           if cfg.get("cpu_stand_in") else ""),
         f"- Command: `{report['command']}` at commit {report['source']['commit']}"
         + (f" with uncommitted changes in {', '.join(report['source']['uncommitted'])}"
            if report["source"]["uncommitted"] else ""),
@@ -513,8 +652,11 @@ def markdown(report: dict[str, Any]) -> str:
     head = ["engine"]
     for bs in bss:
         head += [f"sent/s @{bs}", f"tok/s @{bs}"]
-    head += ["p50 ms @1", "p95 ms @1", "peak RSS MiB", "BLEU", "= ref", "CPU/wall",
-             "load 1m"]
+    big = str(bss[-1])
+    head += ["p50 ms @1", "p95 ms @1"] + ([f"p50 ms @{big}"] if gpu and big != "1" else []) + [
+        "peak RSS MiB", "BLEU",
+        f"= {report.get('reference_engine') or 'ref'}" if gpu else "= ref", "CPU/wall",
+        "load 1m"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for engine, rec in report["engines"].items():
         if "runs" not in rec:
@@ -526,8 +668,10 @@ def markdown(report: dict[str, Any]) -> str:
             row += [f"{r['sentences_per_s']:.1f}", f"{r['tokens_per_s']:.0f}"]
         b1 = rec["runs"].get("1")
         row += [f"{b1['latency_ms_p50']:.1f}" if b1 else "–",
-                f"{b1['latency_ms_p95']:.1f}" if b1 else "–",
-                f"{rec['peak_rss_mib']:.0f}", f"{rec['bleu']:.2f}",
+                f"{b1['latency_ms_p95']:.1f}" if b1 else "–"]
+        if gpu and big != "1":
+            row.append(f"{rec['runs'][big]['latency_ms_p50']:.1f}")
+        row += [f"{rec['peak_rss_mib']:.0f}", f"{rec['bleu']:.2f}",
                 f"{rec['identical_to_reference']}/{cfg['sentences']}"
                 if "identical_to_reference" in rec else "–",
                 "/".join(f"{rec['runs'][str(bs)]['cpu_per_wall']:.2f}" for bs in bss),
@@ -580,7 +724,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--src", default="en")
     p.add_argument("--tgt", default="de")
     p.add_argument("--limit", type=int, default=1000, help="first N sentences (default 1000)")
-    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--engines", nargs="+", default=list(CPU_ENGINES), choices=ENGINES,
+                   help=f"default: the CPU engines {' '.join(CPU_ENGINES)}; GPU engines: "
+                        f"{' '.join(GPU_ENGINES)}")
+    p.add_argument("--package-fp32", default=None,
+                   help="prebuilt fp32 package of --model for ort-fp32 / ort-cuda-fp32 "
+                        "(default: exported into --work)")
+    p.add_argument("--package-fp16", default=None,
+                   help="prebuilt fp16 package of --model for ort-cuda-fp16")
+    p.add_argument("--batch1-limit", type=int, default=None,
+                   help="time batch size 1 on the first N sentences only (default: all)")
+    p.add_argument("--cpu-stand-in", action="store_true",
+                   help="dry run: the GPU engines run on cpu / ort-cpu (tests the plumbing "
+                        "on a machine without a GPU; the report says so)")
     p.add_argument("--threads", type=int, default=None,
                    help="intra-op threads for every engine (default: all cores)")
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32])
@@ -652,6 +808,7 @@ def main(argv: list[str] | None = None) -> int:
                    if e.startswith("ct2-")}
         engines = [e for e in engines if e not in skipped]
 
+    batch1 = min(args.batch1_limit, n) if args.batch1_limit else None
     report: dict[str, Any] = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": "python bench/translate.py " + " ".join(argv if argv is not None
@@ -663,10 +820,15 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"model": os.path.relpath(ckpt, REPO) if ckpt.is_relative_to(REPO) else str(ckpt),
                    "split": args.split, "src": args.src, "tgt": args.tgt, "sentences": n,
                    "threads": threads, "batch_sizes": batch_sizes, "search": search,
-                   "warmup": args.warmup, "repeat": max(1, args.repeat)},
+                   "warmup": args.warmup, "repeat": max(1, args.repeat),
+                   "batch1_limit": batch1, "cpu_stand_in": args.cpu_stand_in},
         "engines": {},
     }
-    paths, errors = prepare_artifacts(engines, ckpt, work, args.rebuild)
+    if any(e in GPU_ENGINES for e in engines) and not args.cpu_stand_in:
+        report["machine"]["gpu"] = gpu_model()
+    prebuilt = {e: args.package_fp32 for e in ("ort-fp32", "ort-cuda-fp32")}
+    prebuilt["ort-cuda-fp16"] = args.package_fp16
+    paths, errors = prepare_artifacts(engines, ckpt, work, args.rebuild, prebuilt)
     errors.update(skipped)
     out_path = Path(args.out) if args.out else work / "results.json"
     for engine in args.engines:
@@ -678,7 +840,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {"engine": engine, "artifact": paths[engine], "threads": threads,
                "batch_sizes": batch_sizes, "search": search, "data": str(data),
                "split": args.split, "src": args.src, "tgt": args.tgt, "limit": n,
-               "warmup": args.warmup, "repeat": max(1, args.repeat),
+               "warmup": args.warmup, "repeat": max(1, args.repeat), "batch1_limit": batch1,
+               "cpu_stand_in": args.cpu_stand_in,
                "profile": str(out_path.with_suffix("")) + "-profile" if args.profile else None}
         rec = run_subprocess("worker", cfg, args.timeout)
         report["engines"][engine] = rec
@@ -688,7 +851,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{engine}: " + ", ".join(
                 f"@{bs} {rec['runs'][str(bs)]['sentences_per_s']} sent/s"
                 for bs in batch_sizes) + f", peak RSS {rec['peak_rss_mib']} MiB")
-    summarize(report["engines"], references, batch_sizes)
+        # partial results after every engine (a run cut short still leaves them)
+        report["reference_engine"] = summarize(report["engines"], references, batch_sizes)
+        report["targets"] = targets(report["engines"], batch_sizes)
+        report["partial"] = True
+        write_report(report, out_path, args.keep_outputs)
+    report.pop("partial", None)
+    report["reference_engine"] = summarize(report["engines"], references, batch_sizes)
     report["targets"] = targets(report["engines"], batch_sizes)
     sigs = [r["bleu_signature"] for r in report["engines"].values() if "bleu_signature" in r]
     report["bleu_signature"] = sigs[0] if sigs else ""
@@ -703,13 +872,7 @@ def main(argv: list[str] | None = None) -> int:
             "tgt": args.tgt, "limit": check_n}, args.timeout)
     report["machine"]["load_end"] = load_average()
 
-    if not args.keep_outputs:
-        for rec in report["engines"].values():
-            for run in rec.get("runs", {}).values():
-                run.pop("outputs", None)
-                run.pop("token_ids", None)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    report = write_report(report, out_path, args.keep_outputs)
     text = section([report])
     print(text)
     if args.results_md:

@@ -259,23 +259,29 @@ def run_parity(reference, runtime, sources: list[str], references: list[str] | N
 def parity(package: str | Path | None, checkpoint: str | Path | None, data_dir=None,
            split: str = "test_2016_flickr", beams: tuple[int, ...] = (1, 4),
            limit: int | None = None, backend: str = "auto", threads: int | None = None,
-           src: str = "en", tgt: str = "de", progress: bool = False, **search) -> dict[str, Any]:
+           src: str = "en", tgt: str = "de", progress: bool = False,
+           reference_device: str = "cpu", **search) -> dict[str, Any]:
     """Load the package (None: the default model's) on ``backend`` and the checkpoint (None:
     the package's source checkpoint if it still exists, else the default model) on torch's
-    CPU, and run ``run_parity`` on ``split`` for each beam size in ``beams``.
+    ``reference_device`` ("cpu", "cuda", or "auto": CUDA when available), and run
+    ``run_parity`` on ``split`` for each beam size in ``beams``.
 
-    Raises AiaynError if the package was exported from another checkpoint, CorpusError for
-    missing data, PackageError/BackendError/CheckpointError for what does not load.
+    Raises AiaynError if the package was exported from another checkpoint or CUDA is asked for
+    and absent, CorpusError for missing data, PackageError/BackendError/CheckpointError for
+    what does not load.
     """
     from runtime.translator import Translator
     from train.translator import TorchTranslator
 
+    if reference_device == "cuda" and not torch.cuda.is_available():
+        raise AiaynError("the reference device cuda is not available (this torch sees no CUDA "
+                         "GPU); use --reference-device cpu or auto")
     runtime = Translator.load(package, backend=backend, threads=threads)
     source = runtime.package.manifest.get("source_checkpoint", {})
     if checkpoint is None:
         recorded = Path(source.get("path", ""))
         checkpoint = recorded if source.get("path") and recorded.exists() else default_model()
-    reference = TorchTranslator.load(checkpoint, device="cpu", threads=threads)
+    reference = TorchTranslator.load(checkpoint, device=reference_device, threads=threads)
     sha = sha256_file(Path(reference.checkpoint) / CHECKPOINT_WEIGHTS)
     if source.get("sha256") and source["sha256"] != sha:
         raise AiaynError(f"package {runtime.package.path} was exported from a checkpoint with "
@@ -289,6 +295,7 @@ def parity(package: str | Path | None, checkpoint: str | Path | None, data_dir=N
                        **search) for k in beams]
     return {"package": str(runtime.package.path), "variant": runtime.package.variant,
             "checkpoint": str(reference.checkpoint), "backend": runtime.backend,
+            "reference_device": reference.device,
             "data": str(data_dir), "split": split, "sentences": len(sources),
             "near_tie_threshold": NEAR_TIE, "runs": runs,
             "ok": all(r["other"] == 0 for r in runs)}
@@ -297,7 +304,8 @@ def parity(package: str | Path | None, checkpoint: str | Path | None, data_dir=N
 def format_report(report: dict[str, Any]) -> str:
     """The human-readable summary ``aiayn parity`` prints."""
     lines = [f"parity: {report['package']} ({report['variant']}, backend {report['backend']}) "
-             f"vs {report['checkpoint']} (PyTorch reference)",
+             f"vs {report['checkpoint']} (PyTorch reference on "
+             f"{report.get('reference_device', 'cpu')})",
              f"{report['split']}: {report['sentences']} sentences"]
     for r in report["runs"]:
         name = "greedy" if r["beam"] == 1 else f"beam {r['beam']}"
@@ -335,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="reference checkpoint (default: the package's source checkpoint)")
     p.add_argument("--backend", default="auto",
                    choices=("auto", "ort-cpu", "ort-cuda", "ort-tensorrt", "tensorrt"))
+    p.add_argument("--reference-device", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="where the PyTorch reference runs (default cpu; auto: CUDA when "
+                        "available)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--data", default=None, help="corpus folder (default: $AIAYN_DATA, else "
                    "../shared/data/multi30k)")
@@ -360,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
                         progress=not args.no_progress and not args.json,
                         length_penalty=args.alpha, lp_type=args.lp_type,
                         max_len_a=args.max_len_a, max_len_b=args.max_len_b,
-                        max_tokens=args.max_tokens)
+                        max_tokens=args.max_tokens, reference_device=args.reference_device)
         print(json.dumps(report, indent=2) if args.json else format_report(report))
         status["code"] = 0 if report["ok"] else 1
 

@@ -6,7 +6,10 @@ and the Multi30k corpus. Everything heavy is session-scoped (built once per test
   64); seconds to build and export.
 - ``bundled_cache_home``: an ``XDG_CACHE_HOME`` whose ``aiayn/packages/<sha12>/`` holds the
   bundled model's fp32 package (exported once, ~15 s), exactly where ``Translator.load()``
-  looks; ``bundled_package`` is that package's folder.
+  looks; ``bundled_package`` is that package's folder. With ``$AIAYN_BUNDLED_PACKAGE`` set to
+  a prebuilt fp32 package of the bundled model (``aiayn export models/multi30k-en-de --out
+  PKG``; e.g. carried to a GPU machine), that package is copied there instead of exporting;
+  one that does not verify or is of another checkpoint is replaced by a fresh export.
 - ``multi30k_dir``: ``$AIAYN_DATA`` or ``../shared/data/multi30k``; skips when absent.
 
 Helpers ``make_tiny_checkpoint``, ``synthetic_sentences`` and ``seed_package_cache`` are
@@ -118,6 +121,9 @@ def bundled_cache_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("xdg_cache")
     from runtime.translator import cached_package
 
+    prebuilt = os.environ.get("AIAYN_BUNDLED_PACKAGE")
+    if prebuilt:  # cached_package verifies it (checksums, source checkpoint) before use
+        seed_package_cache(home, BUNDLED, Path(prebuilt))
     with _env(XDG_CACHE_HOME=home):
         cached_package(BUNDLED)
     return home

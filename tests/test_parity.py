@@ -49,6 +49,22 @@ def test_parity_cli_json(bundled_package, multi30k_dir, capsys):
     report = json.loads(capsys.readouterr().out)
     assert [r["beam"] for r in report["runs"]] == [2]
     assert report["runs"][0]["identical"] + report["runs"][0]["near_tie"] == 12
+    assert report["reference_device"] == "cpu"  # the default
+
+
+def test_parity_reference_device_auto_and_cuda(bundled_package, multi30k_dir, capsys):
+    """--reference-device auto runs the reference on CUDA when there is one (else the CPU);
+    asking for cuda without one is a one-line error (exit 2)."""
+    args = ["parity", "--model", str(bundled_package), "--checkpoint", str(BUNDLED),
+            "--data", str(multi30k_dir), "--beam", "1", "--limit", "3", "--json",
+            "--backend", "ort-cpu"]
+    assert main(args + ["--reference-device", "auto"]) in (0, 1)
+    report = json.loads(capsys.readouterr().out)
+    assert report["reference_device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        assert main(args + ["--reference-device", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert "reference device cuda is not available" in err and "Traceback" not in err
 
 
 def test_parity_refuses_a_package_of_another_checkpoint(bundled_package, tiny_checkpoint,

@@ -3,6 +3,7 @@ bundled package. Real ONNX Runtime sessions on real exported packages throughout
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -186,6 +187,9 @@ def test_fp16_package_runs_on_the_cpu(tiny_checkpoint, tiny, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is None,
+                    reason="TensorRT is not installed (pip install tensorrt / aiayn[gpu]): ONNX "
+                           "Runtime's TensorRT provider cannot start without its libraries")
 def test_ort_tensorrt_matches_ort_cpu(tiny_package, multi30k_test, tmp_path):
     """GPU check: ONNX Runtime's TensorRT provider (engines built into an engine cache on
     first use; step 0 on CUDA) translates like ort-cpu."""
