@@ -141,8 +141,25 @@ def load_average() -> list[float]:
         return []
 
 
+def peak_rss_source() -> str:
+    """How ``peak_rss_mib`` measures here: "VmHWM" (Linux /proc) or "getrusage maxrss"."""
+    try:
+        return "VmHWM" if "VmHWM:" in Path("/proc/self/status").read_text() else \
+            "getrusage maxrss"
+    except OSError:
+        return "getrusage maxrss"
+
+
 def peak_rss_mib() -> float:
-    """Peak resident set size of this process in MiB (Linux reports ru_maxrss in KiB)."""
+    """Peak resident set size of this process in MiB: /proc/self/status VmHWM on Linux (the
+    high-water mark of this program's own memory; ``ru_maxrss`` would include the parent's
+    peak, inherited across fork + exec), else ``getrusage`` (Linux reports KiB, macOS bytes)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return round(kib / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)
 
@@ -279,7 +296,7 @@ def worker(cfg: dict[str, Any]) -> dict[str, Any]:
             out["runs"][str(bs)]["profile"] = profile_summary(
                 profiler, Path(cfg["profile"]) / f"{cfg['engine']}-bs{bs}.prof")
             profiler = type(profiler)()
-    out["peak_rss_mib"] = peak_rss_mib()
+    out["peak_rss_mib"], out["peak_rss_source"] = peak_rss_mib(), peak_rss_source()
     if sync is not None:
         import torch
 
@@ -600,9 +617,12 @@ def section(reports: list[dict[str, Any]]) -> str:
     parts += [markdown(r) for r in reports]
     bss = reports[0]["config"]["batch_sizes"] if reports else [1]
     sig = next((r.get("bleu_signature") for r in reports if r.get("bleu_signature")), "")
+    recs = [rec for r in reports for rec in r["engines"].values() if "runs" in rec]
+    rss = ("VmHWM" if recs and all(rec.get("peak_rss_source") == "VmHWM" for rec in recs)
+           else "getrusage maxrss")
     parts += ["Columns: sent/s and tok/s (generated target subwords without EOS per second) "
               "over all batches at batch size @N; p50/p95: latency of one single-sentence "
-              "call; peak RSS: the engine's process (getrusage maxrss); BLEU: sacreBLEU "
+              f"call; peak RSS: the engine's process ({rss}); BLEU: sacreBLEU "
               f"({sig}) of the @{bss[-1]} outputs; = ref: outputs token-identical to the torch "
               "reference; CPU/wall: process CPU seconds per wall second at each batch size "
               "(up to the thread count when the engine keeps its threads busy); load 1m: the "
