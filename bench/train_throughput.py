@@ -82,7 +82,7 @@ def synthetic_data(vocab: int, n: int = 4000, seed: int = 0) -> ParallelData:
 
 
 def bench_preset(name: str, data: ParallelData, vocab: int, device: torch.device, bf16: bool,
-                 max_tokens: int, steps: int, warmup: int) -> dict:
+                 max_tokens: int, steps: int, warmup: int, profile: bool = False) -> dict:
     torch.manual_seed(0)
     model = Transformer(preset(name, vocab_size=vocab)).to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
@@ -91,11 +91,18 @@ def bench_preset(name: str, data: ParallelData, vocab: int, device: torch.device
     tokens = 0
     src_tok = tgt_tok = sentences = 0
     t0 = None
+    prof = None
     for i in range(warmup + steps):
         b = collate(data, batches[i % len(batches)]).to(device)
         if i == warmup:
             sync(device)
             t0 = time.perf_counter()
+            if profile:
+                acts = [torch.profiler.ProfilerActivity.CPU]
+                if device.type == "cuda":
+                    acts.append(torch.profiler.ProfilerActivity.CUDA)
+                prof = torch.profiler.profile(activities=acts)
+                prof.__enter__()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             loss, _ = label_smoothed_loss(model(b.src, b.tgt_in), b.tgt_out, 0.1)
         (loss / b.ntokens).backward()
@@ -110,6 +117,10 @@ def bench_preset(name: str, data: ParallelData, vocab: int, device: torch.device
             sentences += b.src.shape[0]
     sync(device)
     seconds = time.perf_counter() - t0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        print(prof.key_averages().table(sort_by=key, row_limit=18), flush=True)
     flops_tok = training_flops_per_token(model, src_tok / sentences, tgt_tok / sentences)
     return {"preset": name, "parameters": model.num_parameters(), "max_tokens": max_tokens,
             "steps": steps, "seconds": round(seconds, 3),
@@ -129,6 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--mfu", action="store_true", help="measure the matmul rate for MFU")
     p.add_argument("--json", default=None, help="write results here")
+    p.add_argument("--profile", action="store_true",
+                   help="print torch.profiler's top operators for the timed steps")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -153,7 +166,7 @@ def main(argv=None) -> int:
     results = []
     for name in args.presets:
         r = bench_preset(name, data, vocab, device, args.bf16, args.max_tokens, args.steps,
-                         args.warmup)
+                         args.warmup, args.profile)
         if "matmul_tflops" in info:
             r["mfu"] = round(r["model_tflops"] / info["matmul_tflops"], 4)
         results.append(r)

@@ -14,7 +14,7 @@ documented IOBinding API (``bind_output(name, "cuda", device_id)``,
 
 from __future__ import annotations
 
-from .ort_common import CPU, CUDA, INSTALL_GPU, OrtBackend
+from .ort_common import CPU, CUDA, INSTALL_GPU, OrtBackend, cuda_options
 
 
 class OrtCudaBackend(OrtBackend):
@@ -30,5 +30,5 @@ class OrtCudaBackend(OrtBackend):
     install = INSTALL_GPU
 
     def providers(self, graph: str = "decoder") -> list:
-        return [(CUDA, {"device_id": self.device_id,
-                        "arena_extend_strategy": "kSameAsRequested"}), CPU]
+        return [(CUDA, cuda_options(self.device_id, arena_extend_strategy="kSameAsRequested")),
+                CPU]

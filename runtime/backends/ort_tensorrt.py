@@ -28,6 +28,7 @@ from .ort_common import (
     TENSORRT,
     OrtBackend,
     create_session,
+    cuda_options,
     import_onnxruntime,
 )
 
@@ -91,11 +92,11 @@ class OrtTensorRTBackend(OrtBackend):
             "trt_fp16_enable": bool(self.options.get("fp16", False)),
             **self._profiles(graph),
         }
-        return [(TENSORRT, trt_options), (CUDA, {"device_id": self.device_id}), CPU]
+        return [(TENSORRT, trt_options), (CUDA, cuda_options(self.device_id)), CPU]
 
     def gather_providers(self) -> list:
         # Two Gather nodes: not worth an engine; CUDA runs them on the same device.
-        return [(CUDA, {"device_id": self.device_id}), CPU]
+        return [(CUDA, cuda_options(self.device_id)), CPU]
 
     def _init_session(self):
         if self.package.has_graph("decoder_init"):
@@ -103,6 +104,6 @@ class OrtTensorRTBackend(OrtBackend):
                                  self.providers("decoder_init"))
         else:  # P = 0 is a zero-length dimension: run step 0 without TensorRT
             sess = create_session(self.package.graph_path("decoder"), self.so,
-                                  [(CUDA, {"device_id": self.device_id}), CPU], self.name,
+                                  [(CUDA, cuda_options(self.device_id)), CPU], self.name,
                                   CUDA, self.install)
         return sess, {i.name for i in sess.get_inputs()}

@@ -45,6 +45,7 @@ from .ort_common import (
     Cache,
     Encoded,
     create_session,
+    cuda_options,
     gather_model_bytes,
     import_onnxruntime,
     session_options,
@@ -197,7 +198,7 @@ class TensorRTBackend(Backend):
         self.package, self.device_id, self.threads = package, int(device_id), threads
         paths = {n: package.engine_path(n) for n in ("encoder", "decoder_init", "decoder")}
         so = session_options(threads)
-        providers = [(CUDA, {"device_id": self.device_id}), CPU]
+        providers = [(CUDA, cuda_options(self.device_id)), CPU]
         cfg = package.config
         self.L, self.H = int(cfg["decoder_layers"]), int(cfg["h"])
         self.Dh = int(cfg["d_model"]) // self.H
