@@ -49,6 +49,7 @@ from runtime.cli_common import default_model, run_cli
 from runtime.contract import BOS_ID, CHECKPOINT_WEIGHTS, EOS_ID
 from runtime.corpus import default_data_dir, read_parallel
 from runtime.errors import AiaynError
+from runtime.evaluate import positive_int
 from runtime.search import beam_search as runtime_search
 from runtime.searchspec import length_penalty as lp_fn
 from runtime.translation import Translation, prepare_source
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len-a", type=float, default=1.0)
     p.add_argument("--max-len-b", type=int, default=50)
     p.add_argument("--max-tokens", type=int, default=4096)
-    p.add_argument("--limit", type=int, default=None, help="only the first N sentences")
+    p.add_argument("--limit", type=positive_int, default=None, help="only the first N sentences")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)

@@ -69,6 +69,12 @@ def search_kwargs(args: argparse.Namespace) -> dict:
 
 def run_cli(fn: Callable[[], int | None], prog: str) -> int:
     """Run a subcommand body; user errors become ``aiayn PROG: error: ...`` and exit 2."""
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"aiayn {prog}: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = show
     try:
         return fn() or 0
     except AiaynError as e:

@@ -16,13 +16,25 @@ from .corpus import default_data_dir, read_parallel
 from .errors import AiaynError
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None,
                    help="corpus folder (default: $AIAYN_DATA, else ../shared/data/multi30k)")
     p.add_argument("--split", default="test_2016_flickr", help="split to score")
     p.add_argument("--src", default="en", help="source language (default en)")
     p.add_argument("--tgt", default="de", help="target language (default de)")
-    p.add_argument("--limit", type=int, default=None, help="score only the first N sentences")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="score only the first N sentences")
     p.add_argument("--output", default=None, help="also write the translations to this file")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.add_argument("--no-progress", action="store_true")

@@ -7,6 +7,7 @@ Torch-free.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 LP_TYPES = ("gnmt", "power")
@@ -48,8 +49,10 @@ def check_search_args(beam_size: int, length_penalty: float, lp_type: str, max_l
         raise ValueError(f"nbest must be a positive integer, got {nbest!r}")
     if lp_type not in LP_TYPES:
         raise ValueError(f"unknown length penalty type {lp_type!r}; use one of {', '.join(LP_TYPES)}")
-    if length_penalty < 0:
-        raise ValueError(f"length_penalty (alpha) must be >= 0, got {length_penalty}")
+    if not math.isfinite(length_penalty) or length_penalty < 0:
+        raise ValueError(f"length_penalty (alpha) must be a finite number >= 0, got {length_penalty}")
+    if not (math.isfinite(max_len_a) and math.isfinite(max_len_b)):
+        raise ValueError(f"max_len_a and max_len_b must be finite, got {max_len_a}, {max_len_b}")
     if max_len_a < 0 or max_len_b < 0:
         raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a}, {max_len_b}")
     return min(nbest, beam_size)

@@ -51,19 +51,46 @@ def format_nbest(i: int, text: str, score: float) -> str:
     return f"{i} ||| {text} ||| {score:.6f}"
 
 
+def split_lines(data: bytes, name: str) -> list[str]:
+    """Input lines: UTF-8, split at \\n only (a stray \\r or other Unicode line break inside a
+    line stays in it, so output lines always match input lines); \\r\\n endings are dropped.
+
+    Raises AiaynError for input that is not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AiaynError(f"{name} is not UTF-8 ({e.reason} at byte {e.start}); convert it, "
+                         "e.g. iconv -f latin1 -t utf-8") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def run_translate(translator, args: argparse.Namespace) -> None:
+    from pathlib import Path
+
     from .cli_common import search_kwargs
 
+    if args.input and args.output and Path(args.input).resolve() == Path(args.output).resolve():
+        raise AiaynError(f"-o {args.output} is the input file; write the translation elsewhere")
+    if args.output and not Path(args.output).resolve().parent.is_dir():
+        raise AiaynError(f"cannot write {args.output}: its folder does not exist")
     if args.input:
         try:
-            with open(args.input, encoding="utf-8") as f:
-                lines = [line.rstrip("\r\n") for line in f]
+            data = Path(args.input).read_bytes()
         except OSError as e:
             raise AiaynError(f"cannot read input {args.input}: {e.strerror}") from None
-        except UnicodeDecodeError as e:
-            raise AiaynError(f"input {args.input} is not UTF-8: {e}") from None
     else:
-        lines = [line.rstrip("\r\n") for line in sys.stdin]
+        stdin = sys.stdin
+        data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8")
+    lines = split_lines(data, args.input or "standard input")
+    nbest = getattr(args, "nbest", 1)
+    if nbest > args.beam:
+        print(f"aiayn translate: warning: --nbest {nbest} is more than --beam {args.beam}; "
+              f"listing {args.beam} hypotheses per line", file=sys.stderr)
     bar = None
     if args.input and not args.no_progress:
         bar = progress_bar(len(lines), "translating")
@@ -79,8 +106,6 @@ def run_translate(translator, args: argparse.Namespace) -> None:
             out_lines.append(r.text)
     text = "".join(line + "\n" for line in out_lines)
     if args.output:
-        from pathlib import Path
-
         out = Path(args.output)
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(text, encoding="utf-8")

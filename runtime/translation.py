@@ -65,23 +65,25 @@ class Translation:
 
 
 def prepare_source(tokenizer: Tokenizer, text: str, max_positions: int,
-                   on_long: str = "truncate") -> tuple[list[int], bool]:
+                   on_long: str = "truncate", index: int | None = None) -> tuple[list[int], bool]:
     """Source ids (subwords + EOS) of ``text`` and whether it was truncated.
 
     Empty or whitespace-only text gives []. A source longer than ``max_positions`` is cut to
     fit (EOS kept) with a warning when ``on_long`` is "truncate", or raises
-    InputTooLongError when it is "error".
+    InputTooLongError when it is "error". ``index`` (0-based input number) names the input in
+    those messages.
     """
     if on_long not in ON_LONG:
         raise ValueError(f"on_long must be one of {', '.join(ON_LONG)}, got {on_long!r}")
     ids = tokenizer.encode_source(text)
     if len(ids) <= max_positions:
         return ids, False
+    which = "input" if index is None else f"input {index} (0-based)"
     if on_long == "error":
         raise InputTooLongError(
-            f"input has {len(ids)} tokens, more than the model's max_positions "
-            f"({max_positions}); shorten it or use on_long='truncate'")
-    warnings.warn(f"input of {len(ids)} tokens truncated to the model's max_positions "
+            f"{which} has {len(ids)} tokens, more than the model's max_positions "
+            f"({max_positions}); shorten it, or let it be truncated (--on-long truncate; on_long='truncate')")
+    warnings.warn(f"{which}: {len(ids)} tokens truncated to the model's max_positions "
                   f"({max_positions})", stacklevel=3)
     return ids[:max_positions - 1] + [EOS_ID], True
 
@@ -134,7 +136,7 @@ def translate_batched(tokenizer: Tokenizer, texts: Sequence[str], max_positions:
     backends whose engines have a largest batch)."""
     if isinstance(texts, str):
         raise TypeError("texts must be a list of strings, not a single string")
-    prepared = [prepare_source(tokenizer, t, max_positions, on_long) for t in texts]
+    prepared = [prepare_source(tokenizer, t, max_positions, on_long, i) for i, t in enumerate(texts)]
     sources = [ids for ids, _ in prepared]
     hyps: list[list[Hypothesis] | None] = [None] * len(texts)
     for batch in inference_batches([len(s) for s in sources], max_tokens, max_sentences):

@@ -262,10 +262,23 @@ def cached_package(checkpoint: str | os.PathLike) -> Path:
         except ImportError as e:
             raise PackageError(
                 f"the model {ckpt} has no ONNX package yet, and building it (once, into {out}) "
-                f"needs the export extra ({e.name} is missing): pip install 'aiayn[train,export]'"
-                "; or export a package elsewhere with `aiayn export CHECKPOINT --out PACKAGE` "
-                "and pass it with --model") from None
-        export_package(ckpt, out, force=out.exists())
+                f"needs PyTorch and the export extra ({e.name} is missing): pip install "
+                "'aiayn[train,export]'; with a runtime-only install, export a package elsewhere "
+                "(`aiayn export CHECKPOINT --out PACKAGE`) and pass it with --model") from None
+
+        if out.exists():  # our own cache entry, but damaged or stale: rebuild it
+            import shutil
+
+            shutil.rmtree(out)
+        import sys
+        import time
+
+        print(f"aiayn: building the ONNX package of {ckpt} into {out} (first use only; under a "
+              "minute)", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        export_package(ckpt, out, force=False)
+        print(f"aiayn: package built in {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+              flush=True)
         if not _usable(out, sha):
             raise PackageError(f"the package exported to {out} does not verify; delete it and "
                                "try again")

@@ -106,6 +106,10 @@ class TrainConfig:
         for name in ("epochs", "max_tokens", "update_freq", "warmup_steps", "keep_last"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise ConfigError(f"max_time must be > 0 seconds, got {self.max_time}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 

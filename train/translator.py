@@ -33,6 +33,7 @@ class TorchTranslator:
         self.tokenizer = tokenizer
         self.checkpoint = checkpoint
         self.device = device
+        self.source = str(checkpoint) if checkpoint is not None else ""
         self.max_positions = model.cfg.max_positions
         self._lock = threading.Lock()
 
