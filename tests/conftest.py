@@ -154,3 +154,16 @@ def multi30k_test(multi30k_dir) -> tuple[list[str], list[str]]:
     from runtime.corpus import read_parallel
 
     return read_parallel(multi30k_dir, "test_2016_flickr", "en", "de")
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory):
+    """One real ``aiayn demo`` server in a subprocess on a free port, shared by the demo tests
+    (startup bounded by its timeout; stopped at the end of the session)."""
+    pytest.importorskip("gradio", reason="the demo needs the 'demo' extra")
+    from demo.screenshot import DemoServer
+
+    srv = DemoServer(log_path=tmp_path_factory.mktemp("demo") / "server.log")
+    srv.start(timeout=300)
+    yield srv
+    srv.stop()

@@ -226,11 +226,8 @@ def test_compare_request(backends):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = DemoServer(log_path=tmp_path_factory.mktemp("demo") / "server.log")
-    srv.start(timeout=300)
-    yield srv
-    srv.stop()
+def server(demo_server):
+    return demo_server  # one real server for both demo test files (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ pytest.importorskip("gradio", reason="the demo needs the 'demo' extra")
 
 from demo.engine import Settings, load_backend  # noqa: E402
 from demo.screenshot import (  # noqa: E402
-    DemoServer,
     browser_missing,
     chromium,
     screenshot,
@@ -33,11 +32,8 @@ SENTENCE = "A small boy in a green jacket is flying a kite on the beach."
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = DemoServer(log_path=tmp_path_factory.mktemp("demo") / "server.log")
-    srv.start(timeout=300)
-    yield srv
-    srv.stop()
+def server(demo_server):
+    return demo_server  # one real server for both demo test files (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -227,6 +227,26 @@ class Cache:
     v: Any
 
 
+def select_rows(gather, encoded: Encoded, rows: np.ndarray, device: str, device_id: int
+                ) -> Encoded:
+    """Rows ``rows`` (N,) of the encoder outputs, gathered by the ``gather`` session (see
+    ``gather_model_bytes``) into OrtValues on ``device``; the identity selection (step 0 with
+    every sentence) returns ``encoded`` itself."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)  # (N,)
+    if len(rows) == encoded.batch and np.array_equal(rows, np.arange(encoded.batch)):
+        return encoded
+    b = gather.io_binding()
+    b.bind_ortvalue_input("cross_k", encoded.cross_k)
+    b.bind_ortvalue_input("cross_v", encoded.cross_v)
+    b.bind_ortvalue_input("src_pad_mask", encoded.src_pad_mask)
+    b.bind_cpu_input("rows", rows)
+    for name in ("cross_k_rows", "cross_v_rows", "src_pad_mask_rows"):
+        b.bind_output(name, device, device_id)
+    gather.run_with_iobinding(b)
+    ck, cv, mask = b.get_outputs()
+    return Encoded(ck, cv, mask, len(rows))
+
+
 class OrtBackend(Backend):
     """The encoder and one decoder step on an ONNX Runtime execution provider, IO-bound.
 
@@ -306,19 +326,7 @@ class OrtBackend(Backend):
         return Encoded(ck, cv, mask, src_ids.shape[0])
 
     def select(self, encoded: Encoded, rows: np.ndarray) -> Encoded:
-        rows = np.ascontiguousarray(rows, dtype=np.int64)  # (N,)
-        if len(rows) == encoded.batch and np.array_equal(rows, np.arange(encoded.batch)):
-            return encoded  # identity: step 0 with every sentence
-        b = self.gather.io_binding()
-        b.bind_ortvalue_input("cross_k", encoded.cross_k)
-        b.bind_ortvalue_input("cross_v", encoded.cross_v)
-        b.bind_ortvalue_input("src_pad_mask", encoded.src_pad_mask)
-        b.bind_cpu_input("rows", rows)
-        for name in ("cross_k_rows", "cross_v_rows", "src_pad_mask_rows"):
-            b.bind_output(name, self.device, self.device_id)
-        self.gather.run_with_iobinding(b)
-        ck, cv, mask = b.get_outputs()
-        return Encoded(ck, cv, mask, len(rows))
+        return select_rows(self.gather, encoded, rows, self.device, self.device_id)
 
     def step(self, tokens: np.ndarray, step: int, cache: Cache | None, beam_origin: np.ndarray,
              cross: Encoded, topk: int) -> StepOutput:

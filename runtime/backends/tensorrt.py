@@ -48,6 +48,7 @@ from .ort_common import (
     cuda_options,
     gather_model_bytes,
     import_onnxruntime,
+    select_rows,
     session_options,
 )
 
@@ -221,19 +222,7 @@ class TensorRTBackend(Backend):
         return Encoded(out["cross_k"], out["cross_v"], out["src_pad_mask"], src_ids.shape[0])
 
     def select(self, encoded: Encoded, rows: np.ndarray) -> Encoded:
-        rows = np.ascontiguousarray(rows, dtype=np.int64)
-        if len(rows) == encoded.batch and np.array_equal(rows, np.arange(encoded.batch)):
-            return encoded
-        b = self.gather.io_binding()
-        b.bind_ortvalue_input("cross_k", encoded.cross_k)
-        b.bind_ortvalue_input("cross_v", encoded.cross_v)
-        b.bind_ortvalue_input("src_pad_mask", encoded.src_pad_mask)
-        b.bind_cpu_input("rows", rows)
-        for name in ("cross_k_rows", "cross_v_rows", "src_pad_mask_rows"):
-            b.bind_output(name, "cuda", self.device_id)
-        self.gather.run_with_iobinding(b)
-        ck, cv, mask = b.get_outputs()
-        return Encoded(ck, cv, mask, len(rows))
+        return select_rows(self.gather, encoded, rows, "cuda", self.device_id)
 
     def step(self, tokens: np.ndarray, step: int, cache: Cache | None, beam_origin: np.ndarray,
              cross: Encoded, topk: int) -> StepOutput:
